@@ -1,0 +1,43 @@
+// A loaded MoE layer on a backend (CPU or CUDA), behind one interface, so the CLI, the checkpoint
+// runner and the tests drive every backend the same way.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "wna16/half.h"
+#include "wna16/moe.h"
+
+namespace wna16 {
+
+enum class Device { Cpu, Cuda };
+const char* device_name(Device d);
+Device parse_device(const std::string& s);  // "cpu" | "cuda"; throws Error naming s
+
+// True when this build has CUDA and a usable GPU is present (never throws).
+bool cuda_available();
+// The CLI default: cuda when cuda_available(), else cpu.
+Device default_device();
+
+class MoeBackendLayer {
+ public:
+  virtual ~MoeBackendLayer() = default;
+  virtual Device device() const = 0;
+  // x: host [M, H] of `dtype` (F16 or BF16; F32 is accepted and rounded to BF16 by the CPU
+  // backend), out: host [M, H] of the same dtype. Synchronous convenience path.
+  virtual void forward_host(const void* x, void* out, int64_t M, DType dtype) = 0;
+};
+
+// Repacks the weights once (act-order permutation applied here, never per call).
+// Throws Error for anything the backend does not support, naming the value.
+std::unique_ptr<MoeBackendLayer> make_cpu_layer(const MoeLayerSpec& spec, const MoeLayerWeights& w);
+// Throws Error when the build has no CUDA or no GPU is present.
+std::unique_ptr<MoeBackendLayer> make_cuda_layer(const MoeLayerSpec& spec, const MoeLayerWeights& w);
+std::unique_ptr<MoeBackendLayer> make_layer(Device d, const MoeLayerSpec& spec, const MoeLayerWeights& w);
+
+// Relative Frobenius error allowed against the float64 reference for a backend computing with
+// `act` activations (the intermediate silu(gate)*up is rounded to `act` between the two GEMMs).
+// The one place tolerances live.
+double layer_tolerance(DType act);
+
+}  // namespace wna16

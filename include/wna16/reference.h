@@ -1,0 +1,66 @@
+// The float64 CPU reference: the oracle every backend is compared against. Written for clarity,
+// not speed. Also the moe_align_block_size contract that the GPU kernels match bit for bit.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "wna16/moe.h"
+
+namespace wna16 {
+
+struct Routing {
+  int64_t M = 0;
+  int top_k = 0;
+  std::vector<int32_t> ids;      // [M, top_k] expert ids, in selection order (best first)
+  std::vector<float> weights;    // [M, top_k] routing weights (already renormalised / scaled)
+};
+
+// Router logits [M, E] (fp32) -> top-k ids and weights. Computed in double. Ties are broken toward
+// the lower expert index (and the lower group index), deterministically. `bias` is the NoauxTc
+// correction bias [E] (ignored by other methods; may be null for them).
+Routing route_reference(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias);
+
+// Router logits of the layer: logits[m, e] = sum_h x[m, h] * router[e, h], float64 accumulation,
+// rounded to fp32 (what the GPU computes in fp32 is compared against this within tolerance).
+std::vector<float> router_logits_reference(const MoeLayerSpec& spec, const MoeLayerWeights& w,
+                                           const float* x, int64_t M);
+
+// ---- moe_align_block_size contract ---------------------------------------------------------
+// Input: topk_ids [num_slots] (num_slots = M * top_k, slot s = token s / top_k, choice s % top_k),
+// each in [0, E). Output, with sentinel = num_slots:
+//  - sorted_token_ids, length max_padded_slots(num_slots, E, block_m) = num_slots + E*(block_m-1):
+//    the slot ids grouped by expert in ascending expert order, slot ids ascending within an expert,
+//    each expert's run padded with sentinel up to a multiple of block_m; experts with no slots
+//    take no room; every entry past the padded total is the sentinel too.
+//  - expert_ids, length max_blocks = ceil(max_padded / block_m): the expert of each block of block_m
+//    entries; -1 for every block at or past num_tokens_post_padded / block_m.
+//  - num_tokens_post_padded: the padded total (a multiple of block_m).
+// The GPU kernel fills the same fixed-size buffers with the same values, with no host sync.
+struct AlignResult {
+  std::vector<int32_t> sorted_token_ids;
+  std::vector<int32_t> expert_ids;
+  int32_t num_tokens_post_padded = 0;
+};
+inline int64_t max_padded_slots(int64_t num_slots, int64_t E, int64_t block_m) {
+  return num_slots + E * (block_m - 1);
+}
+inline int64_t max_align_blocks(int64_t num_slots, int64_t E, int64_t block_m) {
+  return (max_padded_slots(num_slots, E, block_m) + block_m - 1) / block_m;
+}
+// Throws Error for E <= 0, block_m <= 0, or an id outside [0, E) (naming slot and id).
+AlignResult align_reference(const int32_t* topk_ids, int64_t num_slots, int E, int block_m);
+
+// One expert's SwiGLU MLP in float64 on dequantized weights: x [M, H] -> out [M, H].
+std::vector<double> expert_mlp_reference(const ExpertWeights& e, const double* x, int64_t M);
+
+// The whole layer in float64: x [M, H] (float values, e.g. already rounded to bf16) ->
+// out [M, H] = sum over top-k of weight * expert(x) (+ shared expert). Routing uses
+// route_reference on router_logits_reference.
+std::vector<double> moe_reference(const MoeLayerSpec& spec, const MoeLayerWeights& w,
+                                  const float* x, int64_t M, Routing* routing_out = nullptr);
+
+// Relative Frobenius error ||a - b|| / ||b||; NaN or inf anywhere gives +inf.
+double rel_error(const double* a, const double* b, int64_t n);
+double rel_error(const float* a, const double* b, int64_t n);
+
+}  // namespace wna16

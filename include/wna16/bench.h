@@ -1,0 +1,27 @@
+// `wna16 bench`: the per-backend benchmark drivers the CLI calls.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "wna16/half.h"
+#include "wna16/quant.h"
+
+namespace wna16 {
+
+struct BenchOptions {
+  std::vector<std::string> models;  // preset names; empty = all presets except "small"
+  std::vector<int64_t> ms;          // token counts; empty = backend default list
+  QuantScheme scheme;               // default int4 gptq g128 sym
+  DType act = DType::BF16;
+  std::string json_path;            // write results as JSON here when non-empty
+  std::string csv_path;             // and/or CSV
+  double min_seconds = 0.0;         // time budget per case hint (0 = backend default)
+};
+
+// Both print a table to stdout and return 0 on success (non-zero if a correctness check of the
+// benchmarked layer failed).
+int run_cpu_bench(const BenchOptions& opts);   // src/cpu
+int run_cuda_bench(const BenchOptions& opts);  // src/cuda; throws Error when built without CUDA
+
+}  // namespace wna16

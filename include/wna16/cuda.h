@@ -1,0 +1,36 @@
+// The whole MoE layer on the GPU: routing -> align -> GEMM1 (+SiLU*up) -> GEMM2 (x routing weight)
+// -> top-k sum, over weights repacked once at load. One entry point taking a stream; no host
+// synchronisation; capturable in a CUDA graph. Only available when WNA16_HAVE_CUDA.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "wna16/backend.h"
+#include "wna16/cuda_kernels.h"
+
+namespace wna16::cuda {
+
+class CudaMoeLayer {
+ public:
+  // Validates and repacks the weights, uploads them to the current device. Throws Error naming
+  // any unsupported value (bits, group size, shape) before anything is launched.
+  CudaMoeLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w);
+  ~CudaMoeLayer();
+  CudaMoeLayer(const CudaMoeLayer&) = delete;
+  CudaMoeLayer& operator=(const CudaMoeLayer&) = delete;
+
+  // Bytes of device workspace forward() needs for up to max_m tokens (queryable, explicit).
+  size_t workspace_bytes(int64_t max_m) const;
+  // x, out: device [M, H] of act (F16 or BF16). workspace: device, >= workspace_bytes(M) bytes.
+  void forward(const void* x, void* out, int64_t M, DType act, void* workspace, size_t workspace_size,
+               Stream stream) const;
+  // Bytes of weights (incl. scales/zeros) resident on the device.
+  size_t weight_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace wna16::cuda

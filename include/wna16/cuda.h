@@ -25,6 +25,10 @@ class CudaMoeLayer {
   // x, out: device [M, H] of act (F16 or BF16). workspace: device, >= workspace_bytes(M) bytes.
   void forward(const void* x, void* out, int64_t M, DType act, void* workspace, size_t workspace_size,
                Stream stream) const;
+  // Baseline for the benchmark only: the same math with one GEMM launch per expert that received
+  // tokens (the per-expert-loop pattern the single launch replaces). May synchronise the stream.
+  void forward_per_expert_loop(const void* x, void* out, int64_t M, DType act, void* workspace,
+                               size_t workspace_size, Stream stream) const;
   // Bytes of weights (incl. scales/zeros) resident on the device.
   size_t weight_bytes() const;
 

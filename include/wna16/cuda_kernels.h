@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "wna16/half.h"
 #include "wna16/moe.h"
 
 namespace wna16::cuda {

@@ -1,0 +1,116 @@
+// The float64 reference MoE layer: dequantize, SwiGLU per expert, weighted sum over the top-k,
+// plus the shared expert. Loops are plain on purpose: this is the oracle, not a fast path.
+#include <cmath>
+
+#include "wna16/error.h"
+#include "wna16/reference.h"
+
+namespace wna16 {
+
+namespace {
+
+// y[m, n] = sum_k x[m, k] * W[k, n] (+ bias[n]), W dequantized to double.
+std::vector<double> linear(const QuantizedLinear& l, const double* x, int64_t M) {
+  const std::vector<double> W = dequantize(l);
+  const int64_t K = l.K, N = l.N;
+  std::vector<double> y(static_cast<size_t>(M * N), 0.0);
+  for (int64_t m = 0; m < M; ++m) {
+    double* yr = y.data() + m * N;
+    for (int64_t k = 0; k < K; ++k) {
+      const double xv = x[m * K + k];
+      const double* wr = W.data() + k * N;
+      for (int64_t n = 0; n < N; ++n) yr[n] += xv * wr[n];
+    }
+    if (!l.bias.empty())
+      for (int64_t n = 0; n < N; ++n) yr[n] += double(l.bias[size_t(n)]);
+  }
+  return y;
+}
+
+double silu(double v) { return v / (1.0 + std::exp(-v)); }
+double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
+
+}  // namespace
+
+std::vector<double> expert_mlp_reference(const ExpertWeights& e, const double* x, int64_t M) {
+  const int64_t H = e.gate.K, I = e.gate.N;
+  if (e.up.K != H || e.up.N != I || e.down.K != I || e.down.N != H)
+    throw Error("expert shapes disagree: gate [" + std::to_string(H) + ", " + std::to_string(I) + "], up [" +
+                std::to_string(e.up.K) + ", " + std::to_string(e.up.N) + "], down [" + std::to_string(e.down.K) +
+                ", " + std::to_string(e.down.N) + "]");
+  if (M == 0) return {};
+  const std::vector<double> g = linear(e.gate, x, M), u = linear(e.up, x, M);
+  std::vector<double> h(static_cast<size_t>(M * I));
+  for (size_t i = 0; i < h.size(); ++i) h[i] = silu(g[i]) * u[i];
+  return linear(e.down, h.data(), M);
+}
+
+std::vector<double> moe_reference(const MoeLayerSpec& spec, const MoeLayerWeights& w, const float* x, int64_t M,
+                                  Routing* routing_out) {
+  w.validate(spec);
+  if (M < 0) throw Error("moe_reference: M=" + std::to_string(M) + " is negative");
+  const int64_t H = spec.hidden, E = spec.routing.num_experts;
+  const int k = spec.routing.top_k;
+
+  const std::vector<float> logits = router_logits_reference(spec, w, x, M);
+  Routing r = route_reference(spec.routing, logits.data(), M, w.correction_bias.empty() ? nullptr : w.correction_bias.data());
+
+  std::vector<double> out(static_cast<size_t>(M * H), 0.0);
+  // One expert at a time: gather its tokens, run the MLP, scatter-add weight * result.
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<int64_t> tokens;
+    std::vector<double> weights;
+    for (int64_t s = 0; s < M * k; ++s)
+      if (r.ids[size_t(s)] == e) {
+        tokens.push_back(s / k);
+        weights.push_back(double(r.weights[size_t(s)]));
+      }
+    if (tokens.empty()) continue;
+    std::vector<double> xe(tokens.size() * size_t(H));
+    for (size_t t = 0; t < tokens.size(); ++t)
+      for (int64_t h = 0; h < H; ++h) xe[t * size_t(H) + size_t(h)] = double(x[tokens[t] * H + h]);
+    const std::vector<double> ye = expert_mlp_reference(w.experts[size_t(e)], xe.data(), int64_t(tokens.size()));
+    for (size_t t = 0; t < tokens.size(); ++t)
+      for (int64_t h = 0; h < H; ++h) out[size_t(tokens[t] * H + h)] += weights[t] * ye[t * size_t(H) + size_t(h)];
+  }
+
+  if (spec.shared_kind != SharedExpertKind::None && M > 0) {
+    std::vector<double> xd(static_cast<size_t>(M * H));
+    for (size_t i = 0; i < xd.size(); ++i) xd[i] = double(x[i]);
+    const std::vector<double> ys = expert_mlp_reference(*w.shared, xd.data(), M);
+    for (int64_t m = 0; m < M; ++m) {
+      double gate = 1.0;
+      if (spec.shared_kind == SharedExpertKind::SigmoidGated) {
+        // Qwen2-MoE: sigmoid(shared_expert_gate(x)), a [1, H] linear kept in full precision.
+        double acc = 0;
+        for (int64_t h = 0; h < H; ++h) acc += xd[size_t(m * H + h)] * double(w.shared_gate[size_t(h)]);
+        gate = sigmoid(acc);
+      }
+      for (int64_t h = 0; h < H; ++h) out[size_t(m * H + h)] += gate * ys[size_t(m * H + h)];
+    }
+  }
+
+  if (routing_out) *routing_out = std::move(r);
+  return out;
+}
+
+namespace {
+template <typename T>
+double rel_error_impl(const T* a, const double* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double av = double(a[i]), bv = b[i];
+    if (!std::isfinite(av) || !std::isfinite(bv)) return INFINITY;
+    num += (av - bv) * (av - bv);
+    den += bv * bv;
+  }
+  if (num == 0) return 0.0;
+  if (den == 0) return INFINITY;
+  return std::sqrt(num / den);
+}
+}  // namespace
+
+double rel_error(const double* a, const double* b, int64_t n) { return rel_error_impl(a, b, n); }
+double rel_error(const float* a, const double* b, int64_t n) { return rel_error_impl(a, b, n); }
+
+}  // namespace wna16

@@ -1,0 +1,200 @@
+// Hugging Face model directories of GPTQ/AWQ MoE models: config.json and quantization config
+// parsing, per-layer loading into MoeLayerSpec + MoeLayerWeights, synthetic checkpoints in the
+// exact Hugging Face layout, and the hidden-states files `wna16 run` reads and writes.
+// See docs/checkpoints.md for the decisions taken here (dense expert linears, F32 inputs, ...).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "wna16/half.h"
+#include "wna16/moe.h"
+#include "wna16/quant.h"
+#include "wna16/safetensors.h"
+
+namespace wna16 {
+
+// ---- config.json ----------------------------------------------------------------------------
+
+enum class Arch { Mixtral, Qwen2Moe, Qwen3Moe, DeepseekV2, DeepseekV3 };
+const char* arch_name(Arch a);  // the Hugging Face model_type: "mixtral", "qwen2_moe", ...
+Arch parse_arch(const std::string& model_type);  // throws Error listing the supported ones
+std::vector<std::string> arch_names();
+
+enum class LayerKind { Dense, Moe, Mtp };  // Mtp: DeepSeek-V3 multi-token-prediction layer (MoE)
+const char* layer_kind_name(LayerKind k);
+
+struct ModelConfig {
+  std::string origin;          // "DIR/config.json"
+  Arch arch = Arch::Mixtral;
+  int64_t hidden = 0;          // hidden_size
+  int64_t num_layers = 0;      // num_hidden_layers
+  int64_t dense_inter = 0;     // intermediate_size (dense MLP; Mixtral: the expert width)
+  int64_t moe_inter = 0;       // routed expert width (Mixtral: intermediate_size)
+  int num_experts = 0;
+  int top_k = 0;
+  bool norm_topk_prob = true;
+  // Qwen
+  int64_t shared_expert_inter = 0;  // Qwen2-MoE shared_expert_intermediate_size (0: none)
+  int decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  // DeepSeek
+  int n_shared_experts = 0;
+  std::string topk_method;     // greedy | group_limited_greedy | noaux_tc
+  std::string scoring_func;    // softmax | sigmoid
+  int n_group = 1, topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  int64_t first_k_dense_replace = 0;
+  int64_t moe_layer_freq = 1;
+  int64_t num_nextn_predict_layers = 0;  // DeepSeek-V3 MTP layers after the last decoder layer
+
+  // Layers that exist: num_layers (+ MTP layers for DeepSeek-V3).
+  int64_t total_layers() const { return num_layers + (arch == Arch::DeepseekV3 ? num_nextn_predict_layers : 0); }
+  LayerKind layer_kind(int64_t layer) const;  // throws Error for a layer out of range
+  bool is_moe(int64_t layer) const { return layer_kind(layer) != LayerKind::Dense; }
+  // "model.layers.L.block_sparse_moe" (Mixtral) or "model.layers.L.mlp".
+  std::string mlp_prefix(int64_t layer) const;
+  RoutingConfig routing() const;
+  // The MoE layer's spec; throws Error if `layer` is a dense layer, naming the rule.
+  MoeLayerSpec layer_spec(int64_t layer) const;
+  std::string moe_layer_rule() const;  // e.g. "MoE iff L >= first_k_dense_replace=1"
+};
+
+// Parses config.json text; `origin` names the file in errors. Throws Error naming the key and value.
+ModelConfig parse_model_config(const std::string& text, const std::string& origin);
+
+// ---- quantization config --------------------------------------------------------------------
+
+enum class QuantMethod { None, Gptq, Awq };
+
+// One GPTQModel `dynamic` entry: regex (Python re.match: anchored at the start of the module name)
+// -> overrides. "-:" prefix: matching modules are not quantized; "+:" or no prefix: overrides apply.
+struct DynamicRule {
+  std::string pattern;  // as written in the file, prefix included
+  bool negative = false;
+  std::shared_ptr<const std::regex> re;
+  std::optional<int> bits, group_size;
+  std::optional<bool> desc_act, sym;
+};
+
+struct QuantConfig {
+  std::string origin;        // "config.json quantization_config", "quantize_config.json", ...
+  QuantMethod method = QuantMethod::None;
+  QuantScheme scheme;        // the defaults: format, bits, group_size, sym, act_order (= desc_act)
+  bool static_groups = false;
+  bool zero_point = true;    // AWQ
+  std::vector<std::string> modules_to_not_convert;  // substring match
+  std::vector<DynamicRule> dynamic;                 // first match wins, in file order
+  std::string describe() const;
+
+  // The scheme the config prescribes for module `name` ("model.layers.1.mlp.experts.0.gate_proj"),
+  // or nullopt when the config leaves it unquantized (modules_to_not_convert or a "-:" rule).
+  // Throws Error for an override the kernels cannot run (bits not 4/8), naming rule and value.
+  std::optional<QuantScheme> scheme_for(const std::string& module) const;
+};
+
+// Parses a quantization config object given as JSON text. `kind` selects the key variants:
+// "quantization_config" (inside config.json), "quantize_config.json" (AutoGPTQ/GPTQModel) or
+// "quant_config.json" (old AutoAWQ: w_bit, q_group_size). Refuses GPTQ "marlin" (and any layout
+// but gptq/gptq_v2), AWQ versions other than gemm, bits other than 4/8 (AWQ: 4), naming value.
+QuantConfig parse_quant_config(const std::string& text, const std::string& origin, const std::string& kind);
+
+// ---- checkpoints ----------------------------------------------------------------------------
+
+// How one linear of a layer is stored.
+struct LinearInfo {
+  std::string module;          // "model.layers.1.mlp.experts.3.gate_proj"
+  bool present = false;        // false: neither .qweight nor .weight exists
+  bool quantized = false;      // .qweight present
+  QuantScheme scheme;          // quantized only (act_order/sym as the config says; load refines)
+  std::string dense_dtype;     // dense only: "F16", "BF16", ...
+  int64_t K = 0, N = 0;
+  uint64_t bytes = 0;          // all of the module's tensors in the file(s)
+};
+
+struct LayerInfo {
+  int64_t layer = 0;
+  LayerKind kind = LayerKind::Dense;
+  bool present = true;              // false: no MLP tensors at all (an omitted MTP or dense layer)
+  std::vector<LinearInfo> linears;  // MoE: router, experts (gate, up, down), shared, shared gate; dense: the MLP
+  uint64_t bytes = 0;               // every tensor under the layer's MLP prefix
+  uint64_t expert_bytes = 0;        // bytes of one routed expert (expert 0)
+  std::vector<std::string> problems;
+};
+
+class Checkpoint {
+ public:
+  // Reads config.json, the quantization config and the tensor index of `dir`. Throws Error.
+  static Checkpoint open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  const ModelConfig& config() const { return config_; }
+  const QuantConfig& quant() const { return quant_; }
+  const TensorStore& tensors() const { return *store_; }
+
+  // Metadata-only check of one layer (names, dtypes, shapes; no tensor data read): what inspect
+  // prints. Never throws for a broken layer: problems are listed.
+  LayerInfo describe_layer(int64_t layer) const;
+
+  // Loads a MoE layer: router, correction bias, experts, shared expert(s) and shared gate.
+  // Validates every tensor (dtype, shape, g_idx values) and throws Error naming file, tensor
+  // and value. Dense expert linears (.weight) are quantized on load to GPTQ 8-bit (see
+  // docs/checkpoints.md); `notes` receives one line per such decision.
+  MoeLayerWeights load_layer(int64_t layer, std::vector<std::string>* notes = nullptr) const;
+
+ private:
+  std::string dir_;
+  ModelConfig config_;
+  QuantConfig quant_;
+  std::unique_ptr<TensorStore> store_;
+};
+
+// The scheme dense expert linears are quantized to on load (GPTQ 8-bit sym, the largest group
+// size in {128, 64, 32} dividing K, else one group).
+QuantScheme dense_fallback_scheme(int64_t K);
+
+// ---- synthetic checkpoints -------------------------------------------------------------------
+
+struct SynthOptions {
+  std::string dir;
+  Arch arch = Arch::Mixtral;
+  Format format = Format::GptqV1;
+  int bits = 4;
+  int group_size = 128;
+  bool desc_act = false;
+  bool asym = false;
+  int64_t layers = 2;
+  uint64_t max_shard_size = 256 * 1024;  // bytes per shard (HF's rule: a tensor never splits)
+  uint64_t seed = 1;
+};
+
+struct SynthResult {
+  std::vector<std::string> files;  // written, relative to dir
+  std::vector<int64_t> moe_layers;
+  uint64_t total_bytes = 0;
+};
+
+// Writes a small random model: config.json (+ quantize_config.json for GPTQ), shards named
+// model-0000i-of-0000n.safetensors with model.safetensors.index.json (a single model.safetensors
+// when everything fits one shard). Refuses a non-empty existing directory.
+SynthResult synth_checkpoint(const SynthOptions& opt);
+
+// ---- hidden-states files ---------------------------------------------------------------------
+
+struct HiddenStates {
+  DType dtype = DType::BF16;
+  std::vector<int64_t> shape;  // [M, H] or [B, S, H]
+  std::vector<float> values;   // exactly the file's values
+  int64_t rows() const;        // product of all but the last dim
+  int64_t cols() const { return shape.empty() ? 0 : shape.back(); }
+};
+// Reads the tensor "hidden_states" (F32, F16 or BF16; rank 2 or 3). Throws Error naming the file.
+HiddenStates read_hidden_states(const std::string& path);
+// Writes "hidden_states" with the given dtype (values are rounded to it), atomically.
+void write_hidden_states(const std::string& path, const HiddenStates& h);
+
+}  // namespace wna16

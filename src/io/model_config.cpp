@@ -1,0 +1,242 @@
+// config.json -> ModelConfig for the five supported MoE architectures (keys: formats.md).
+#include <algorithm>
+
+#include "io/config_util.h"
+#include "wna16/checkpoint.h"
+#include "wna16/error.h"
+
+namespace wna16 {
+
+namespace {
+
+struct ArchRow {
+  Arch a;
+  const char* name;
+};
+constexpr ArchRow kArchs[] = {
+    {Arch::Mixtral, "mixtral"},
+    {Arch::Qwen2Moe, "qwen2_moe"},
+    {Arch::Qwen3Moe, "qwen3_moe"},
+    {Arch::DeepseekV2, "deepseek_v2"},
+    {Arch::DeepseekV3, "deepseek_v3"},
+};
+
+// Bound on any width read from a config, so a hostile file cannot ask for absurd allocations.
+constexpr int64_t kMaxDim = int64_t(1) << 20;
+
+bool is_deepseek(Arch a) { return a == Arch::DeepseekV2 || a == Arch::DeepseekV3; }
+
+}  // namespace
+
+const char* arch_name(Arch a) {
+  for (const auto& r : kArchs)
+    if (r.a == a) return r.name;
+  return "?";
+}
+
+std::vector<std::string> arch_names() {
+  std::vector<std::string> v;
+  for (const auto& r : kArchs) v.push_back(r.name);
+  return v;
+}
+
+Arch parse_arch(const std::string& model_type) {
+  for (const auto& r : kArchs)
+    if (model_type == r.name) return r.a;
+  std::string known;
+  for (const auto& r : kArchs) known += std::string(known.empty() ? "" : ", ") + r.name;
+  throw Error("model_type " + io::quoted(model_type) + " is not a supported MoE architecture (supported: " + known + ")");
+}
+
+const char* layer_kind_name(LayerKind k) {
+  switch (k) {
+    case LayerKind::Dense: return "dense";
+    case LayerKind::Moe: return "moe";
+    case LayerKind::Mtp: return "mtp";
+  }
+  return "?";
+}
+
+ModelConfig parse_model_config(const std::string& text, const std::string& origin) {
+  auto j = io::parse_json_strict<nlohmann::ordered_json>(text, origin);
+  io::Obj o(j, origin, "");
+  ModelConfig c;
+  c.origin = origin;
+  if (!j.is_object()) throw Error(origin + ": not a JSON object");
+  const std::string mt = o.req_str("model_type");
+  try {
+    c.arch = parse_arch(mt);
+  } catch (const Error& e) {
+    throw Error(origin + ": " + e.what());
+  }
+  c.hidden = o.req_int("hidden_size", 1, kMaxDim);
+  c.num_layers = o.req_int("num_hidden_layers", 1, 1 << 16);
+  switch (c.arch) {
+    case Arch::Mixtral:
+      c.dense_inter = o.req_int("intermediate_size", 1, kMaxDim);
+      c.moe_inter = c.dense_inter;
+      c.num_experts = int(o.req_int("num_local_experts", 1, 1 << 20));
+      c.top_k = int(o.req_int("num_experts_per_tok", 1, 1 << 20));
+      c.norm_topk_prob = true;  // Mixtral always renormalises the top-k softmax weights
+      break;
+    case Arch::Qwen2Moe:
+    case Arch::Qwen3Moe:
+      c.dense_inter = o.opt_int("intermediate_size", 0, 0, kMaxDim);
+      c.moe_inter = o.req_int("moe_intermediate_size", 1, kMaxDim);
+      c.num_experts = int(o.req_int("num_experts", 1, 1 << 20));
+      c.top_k = int(o.req_int("num_experts_per_tok", 1, 1 << 20));
+      c.norm_topk_prob = o.opt_bool("norm_topk_prob", false);  // transformers' default for both
+      c.decoder_sparse_step = int(o.opt_int("decoder_sparse_step", 1, 1, 1 << 20));
+      c.mlp_only_layers = o.opt_int_list("mlp_only_layers");
+      if (c.arch == Arch::Qwen2Moe) c.shared_expert_inter = o.req_int("shared_expert_intermediate_size", 0, kMaxDim);
+      break;
+    case Arch::DeepseekV2:
+    case Arch::DeepseekV3: {
+      const bool v3 = c.arch == Arch::DeepseekV3;
+      c.dense_inter = o.opt_int("intermediate_size", 0, 0, kMaxDim);
+      c.moe_inter = o.req_int("moe_intermediate_size", 1, kMaxDim);
+      c.num_experts = int(o.req_int("n_routed_experts", 1, 1 << 20));
+      c.top_k = int(o.req_int("num_experts_per_tok", 1, 1 << 20));
+      c.n_shared_experts = int(o.opt_int("n_shared_experts", 0, 0, 1 << 20));
+      c.topk_method = o.opt_str("topk_method", v3 ? "noaux_tc" : "greedy");
+      // NOTE: DeepSeek's own configuration_deepseek.py defaults to the misspelt "gready".
+      if (c.topk_method == "gready") c.topk_method = "greedy";
+      c.scoring_func = o.opt_str("scoring_func", v3 ? "sigmoid" : "softmax");
+      c.routed_scaling_factor = o.opt_double("routed_scaling_factor", v3 ? 2.5 : 1.0);
+      c.norm_topk_prob = o.opt_bool("norm_topk_prob", v3);
+      c.first_k_dense_replace = o.opt_int("first_k_dense_replace", v3 ? 3 : 0, 0, 1 << 16);
+      c.moe_layer_freq = o.opt_int("moe_layer_freq", 1, 1, 1 << 16);
+      if (v3) c.num_nextn_predict_layers = o.opt_int("num_nextn_predict_layers", 0, 0, 16);
+      const bool grouped = c.topk_method == "group_limited_greedy" || c.topk_method == "noaux_tc";
+      c.n_group = int(o.opt_int("n_group", grouped && v3 ? 8 : 1, 1, 1 << 20));
+      c.topk_group = int(o.opt_int("topk_group", grouped && v3 ? 4 : 1, 1, 1 << 20));
+      if (!v3) {
+        if (c.topk_method != "greedy" && c.topk_method != "group_limited_greedy")
+          throw Error(origin + ": topk_method " + io::quoted(c.topk_method) +
+                      " is not supported for deepseek_v2 (expected greedy or group_limited_greedy)");
+        if (c.scoring_func != "softmax")
+          throw Error(origin + ": scoring_func " + io::quoted(c.scoring_func) +
+                      " is not supported for deepseek_v2 (expected softmax)");
+        if (c.topk_method == "greedy") c.n_group = c.topk_group = 1;  // plain top-k
+      } else {
+        if (c.topk_method != "noaux_tc")
+          throw Error(origin + ": topk_method " + io::quoted(c.topk_method) +
+                      " is not supported for deepseek_v3 (expected noaux_tc)");
+        if (c.scoring_func != "sigmoid")
+          throw Error(origin + ": scoring_func " + io::quoted(c.scoring_func) +
+                      " is not supported for deepseek_v3 (expected sigmoid)");
+      }
+      break;
+    }
+  }
+  if (c.top_k > c.num_experts)
+    throw Error(origin + ": num_experts_per_tok=" + std::to_string(c.top_k) + " is more than the " +
+                std::to_string(c.num_experts) + " experts");
+  try {
+    c.routing().validate();
+  } catch (const Error& e) {
+    throw Error(origin + ": routing: " + e.what());
+  }
+  return c;
+}
+
+LayerKind ModelConfig::layer_kind(int64_t L) const {
+  if (L < 0 || L >= total_layers())
+    throw Error("layer " + std::to_string(L) + " does not exist: " + origin + " has " + std::to_string(num_layers) +
+                " layers (0.." + std::to_string(total_layers() - 1) + ")");
+  switch (arch) {
+    case Arch::Mixtral: return LayerKind::Moe;
+    case Arch::Qwen2Moe:
+    case Arch::Qwen3Moe: {
+      bool mlp_only = std::find(mlp_only_layers.begin(), mlp_only_layers.end(), L) != mlp_only_layers.end();
+      return !mlp_only && (L + 1) % decoder_sparse_step == 0 ? LayerKind::Moe : LayerKind::Dense;
+    }
+    case Arch::DeepseekV2:
+    case Arch::DeepseekV3:
+      if (L >= num_layers) return LayerKind::Mtp;
+      return L >= first_k_dense_replace && L % moe_layer_freq == 0 ? LayerKind::Moe : LayerKind::Dense;
+  }
+  return LayerKind::Dense;
+}
+
+std::string ModelConfig::moe_layer_rule() const {
+  switch (arch) {
+    case Arch::Mixtral: return "every layer is MoE";
+    case Arch::Qwen2Moe:
+    case Arch::Qwen3Moe: {
+      std::string s = "MoE iff (L+1) % decoder_sparse_step=" + std::to_string(decoder_sparse_step) + " == 0";
+      if (!mlp_only_layers.empty()) {
+        s += " and L not in mlp_only_layers [";
+        for (size_t i = 0; i < mlp_only_layers.size(); ++i) s += (i ? ", " : "") + std::to_string(mlp_only_layers[i]);
+        s += "]";
+      }
+      return s;
+    }
+    case Arch::DeepseekV2:
+    case Arch::DeepseekV3: {
+      std::string s = "MoE iff L >= first_k_dense_replace=" + std::to_string(first_k_dense_replace);
+      if (moe_layer_freq != 1) s += " and L % moe_layer_freq=" + std::to_string(moe_layer_freq) + " == 0";
+      if (arch == Arch::DeepseekV3 && num_nextn_predict_layers > 0)
+        s += "; layers " + std::to_string(num_layers) + ".." + std::to_string(total_layers() - 1) +
+             " are multi-token-prediction (MoE)";
+      return s;
+    }
+  }
+  return "";
+}
+
+std::string ModelConfig::mlp_prefix(int64_t L) const {
+  return "model.layers." + std::to_string(L) + (arch == Arch::Mixtral ? ".block_sparse_moe" : ".mlp");
+}
+
+RoutingConfig ModelConfig::routing() const {
+  RoutingConfig r;
+  r.num_experts = num_experts;
+  r.top_k = top_k;
+  switch (arch) {
+    case Arch::Mixtral:
+    case Arch::Qwen2Moe:
+    case Arch::Qwen3Moe:
+      r.method = RoutingMethod::SoftmaxTopK;
+      r.renormalize = arch == Arch::Mixtral ? true : norm_topk_prob;
+      break;
+    case Arch::DeepseekV2:
+      // "greedy" is the grouped method with one group: softmax, top-k, then DeepSeek-V2's
+      // "renormalise if norm_topk_prob and top_k > 1, else scale" rule.
+      r.method = RoutingMethod::GroupLimitedGreedy;
+      r.n_group = n_group;
+      r.topk_group = topk_group;
+      r.renormalize = norm_topk_prob && top_k > 1;
+      r.routed_scaling_factor = routed_scaling_factor;
+      break;
+    case Arch::DeepseekV3:
+      r.method = RoutingMethod::NoauxTc;
+      r.n_group = n_group;
+      r.topk_group = topk_group;
+      r.renormalize = norm_topk_prob;
+      r.routed_scaling_factor = routed_scaling_factor;
+      break;
+  }
+  return r;
+}
+
+MoeLayerSpec ModelConfig::layer_spec(int64_t L) const {
+  if (!is_moe(L))
+    throw Error("layer " + std::to_string(L) + " of " + origin + " is a dense MLP layer, not MoE (" + arch_name(arch) +
+                ": " + moe_layer_rule() + ")");
+  MoeLayerSpec s;
+  s.name = std::string(arch_name(arch)) + " layer " + std::to_string(L);
+  s.hidden = hidden;
+  s.inter = moe_inter;
+  s.routing = routing();
+  if (arch == Arch::Qwen2Moe && shared_expert_inter > 0) {
+    s.shared_kind = SharedExpertKind::SigmoidGated;
+    s.shared_inter = shared_expert_inter;
+  } else if (is_deepseek(arch) && n_shared_experts > 0) {
+    s.shared_kind = SharedExpertKind::Plain;
+    s.shared_inter = moe_inter * n_shared_experts;
+  }
+  return s;
+}
+
+}  // namespace wna16

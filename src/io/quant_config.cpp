@@ -1,0 +1,212 @@
+// Quantization configs: config.json's quantization_config, AutoGPTQ/GPTQModel quantize_config.json
+// and old AutoAWQ quant_config.json, with every key variant and GPTQModel `dynamic` overrides.
+#include <algorithm>
+#include <cctype>
+
+#include "io/config_util.h"
+#include "wna16/checkpoint.h"
+#include "wna16/error.h"
+
+namespace wna16 {
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Bits the kernels run; formats.md lists 2 and 3 as valid GPTQ, which we refuse by name.
+void check_bits(int64_t bits, QuantMethod m, const std::string& where) {
+  if (m == QuantMethod::Awq && bits != 4)
+    throw Error(where + " = " + std::to_string(bits) + ": AWQ (gemm) checkpoints are 4-bit only");
+  if (bits == 2 || bits == 3)
+    throw Error(where + " = " + std::to_string(bits) + " is a valid GPTQ width, but wna16's kernels support 4 and 8 bits only");
+  if (bits != 4 && bits != 8) throw Error(where + " = " + std::to_string(bits) + " is not a supported width (4 or 8)");
+}
+
+void check_group(int64_t g, const std::string& where) {
+  if (g == 0 || g < -1) throw Error(where + " = " + std::to_string(g) + " is not a valid group size (> 0, or -1 for one group)");
+}
+
+// Longest regex accepted in `dynamic`; real rules are a few dozen characters.
+constexpr size_t kMaxPattern = 1000;
+
+// libstdc++'s std::regex expands counted repetitions into automaton states, so "a{1000}{1000}"
+// would allocate millions. Bound the product of every {n} / {n,m} count (an over-estimate of the
+// expansion) to keep a hostile config cheap; real rules use none.
+bool repetition_too_large(const std::string& re) {
+  double product = 1;
+  for (size_t i = 0; i < re.size(); ++i) {
+    if (re[i] == '\\') {
+      ++i;
+      continue;
+    }
+    if (re[i] != '{') continue;
+    double biggest = 0, cur = 0;
+    bool digits = false;
+    size_t k = i + 1;
+    for (; k < re.size() && (std::isdigit(static_cast<unsigned char>(re[k])) || re[k] == ','); ++k) {
+      if (re[k] == ',') {
+        biggest = std::max(biggest, cur);
+        cur = 0;
+      } else {
+        cur = std::min(cur * 10 + (re[k] - '0'), 1e9);
+        digits = true;
+      }
+    }
+    biggest = std::max(biggest, cur);
+    if (digits && k < re.size() && re[k] == '}') product *= std::max(biggest, 1.0);
+    if (product > 10000) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+QuantConfig parse_quant_config(const std::string& text, const std::string& origin, const std::string& kind) {
+  using J = nlohmann::ordered_json;
+  J j = io::parse_json_strict<J>(text, origin);
+  if (!j.is_object()) throw Error(origin + ": quantization config is not a JSON object");
+  const std::string path = kind == "quantization_config" ? "quantization_config." : "";
+  io::Obj o(j, origin, path);
+  QuantConfig q;
+  q.origin = kind == "quantization_config" ? origin + " quantization_config" : origin;
+
+  std::string method;
+  if (o.has("quant_method")) {
+    method = lower(o.req_str("quant_method"));
+  } else if (kind == "quant_config.json" || o.has("w_bit")) {
+    method = "awq";  // old AutoAWQ files carry no quant_method
+  } else if (kind == "quantize_config.json") {
+    method = "gptq";  // AutoGPTQ's quantize_config.json predates quant_method
+  } else {
+    throw Error(o.where("quant_method") + " is missing");
+  }
+  if (method == "gptq") {
+    q.method = QuantMethod::Gptq;
+  } else if (method == "awq") {
+    q.method = QuantMethod::Awq;
+  } else {
+    throw Error(o.where("quant_method") + " = " + io::quoted(method) +
+                " is not supported: wna16 runs GPTQ (\"gptq\") and AWQ (\"awq\") checkpoints");
+  }
+
+  const std::string bits_key = o.has("bits") ? "bits" : "w_bit";
+  const int64_t bits = o.req_int(bits_key, -1000000, 1000000);
+  check_bits(bits, q.method, o.where(bits_key));
+  const std::string group_key = o.has("group_size") ? "group_size" : "q_group_size";
+  const int64_t group = o.req_int(group_key, -1000000, 1 << 20);
+  check_group(group, o.where(group_key));
+
+  q.scheme.bits = int(bits);
+  q.scheme.group_size = int(group);
+  q.modules_to_not_convert = o.opt_str_list("modules_to_not_convert");
+
+  if (q.method == QuantMethod::Gptq) {
+    q.scheme.act_order = o.opt_bool("desc_act", false);
+    q.scheme.sym = o.opt_bool("sym", true);
+    q.static_groups = o.opt_bool("static_groups", false);
+    if (o.opt_bool("is_marlin_format", false))
+      throw Error(o.where("is_marlin_format") +
+                  " = true: the Marlin-repacked GPTQ layout is not supported; use the original gptq checkpoint");
+    const std::string fkey = o.has("checkpoint_format") ? "checkpoint_format" : "format";
+    const std::string fmt = lower(o.opt_str(fkey, "gptq"));
+    if (fmt == "gptq") {
+      q.scheme.format = Format::GptqV1;
+    } else if (fmt == "gptq_v2") {
+      q.scheme.format = Format::GptqV2;
+    } else {
+      throw Error(o.where(fkey) + " = " + io::quoted(fmt) +
+                  " is not supported: wna16 reads the \"gptq\" and \"gptq_v2\" layouts" +
+                  (fmt == "marlin" ? " (\"marlin\" is a kernel-specific repacking of the weights)" : ""));
+    }
+    if (const auto* d = o.get("dynamic")) {
+      if (!d->is_object()) throw Error(o.where("dynamic") + " is not an object of regex -> overrides");
+      for (auto it = d->begin(); it != d->end(); ++it) {
+        DynamicRule r;
+        r.pattern = it.key();
+        std::string re = r.pattern;
+        if (re.rfind("-:", 0) == 0) {
+          r.negative = true;
+          re = re.substr(2);
+        } else if (re.rfind("+:", 0) == 0) {
+          re = re.substr(2);
+        }
+        const std::string where = o.where("dynamic") + "[" + io::quoted(r.pattern) + "]";
+        if (re.size() > kMaxPattern) throw Error(where + ": pattern longer than " + std::to_string(kMaxPattern) + " characters");
+        if (repetition_too_large(re))
+          throw Error(where + ": counted repetitions ({n}) expand to more than 10000 states");
+        try {
+          r.re = std::make_shared<const std::regex>(re, std::regex::ECMAScript);
+        } catch (const std::regex_error& e) {
+          throw Error(where + ": not a regular expression wna16 can compile (ECMAScript syntax): " + e.what());
+        }
+        if (!it.value().is_object()) throw Error(where + " is not an object of overrides");
+        io::Obj ov(it.value(), origin, path + "dynamic[" + io::quoted(r.pattern) + "].");
+        if (auto b = ov.maybe_int("bits", -1000000, 1000000)) {
+          check_bits(*b, q.method, ov.where("bits"));
+          r.bits = int(*b);
+        }
+        if (auto g = ov.maybe_int("group_size", -1000000, 1 << 20)) {
+          check_group(*g, ov.where("group_size"));
+          r.group_size = int(*g);
+        }
+        r.desc_act = ov.maybe_bool("desc_act");
+        r.sym = ov.maybe_bool("sym");
+        q.dynamic.push_back(std::move(r));
+      }
+    }
+  } else {
+    q.scheme.format = Format::Awq;
+    q.scheme.sym = false;  // AWQ always stores zero points
+    q.scheme.act_order = false;
+    q.zero_point = o.opt_bool("zero_point", true);
+    if (!q.zero_point)
+      throw Error(o.where("zero_point") + " = false: symmetric AWQ (no qzeros) is not supported; wna16 runs AWQ gemm with zero points");
+    const std::string vkey = o.has("version") ? "version" : "format";
+    const std::string ver = lower(o.opt_str(vkey, "gemm"));
+    if (ver != "gemm")
+      throw Error(o.where(vkey) + " = " + io::quoted(ver) +
+                  " is not supported: wna16 reads the AWQ \"gemm\" layout (gemv, gemv_fast and marlin pack the weights differently)");
+  }
+  return q;
+}
+
+std::optional<QuantScheme> QuantConfig::scheme_for(const std::string& module) const {
+  if (method == QuantMethod::None) return std::nullopt;
+  for (const auto& m : modules_to_not_convert)
+    if (!m.empty() && module.find(m) != std::string::npos) return std::nullopt;
+  QuantScheme s = scheme;
+  for (const auto& r : dynamic) {
+    if (!std::regex_search(module, *r.re, std::regex_constants::match_continuous)) continue;
+    if (r.negative) return std::nullopt;
+    if (r.bits) s.bits = *r.bits;
+    if (r.group_size) s.group_size = *r.group_size;
+    if (r.desc_act) s.act_order = *r.desc_act;
+    if (r.sym) s.sym = *r.sym;
+    break;
+  }
+  return s;
+}
+
+std::string QuantConfig::describe() const {
+  if (method == QuantMethod::None) return "none (no quantization config)";
+  std::string s = std::string(method == QuantMethod::Gptq ? "gptq" : "awq") + " " + std::to_string(scheme.bits) +
+                  "-bit, group_size " + std::to_string(scheme.group_size);
+  if (method == QuantMethod::Gptq) {
+    s += std::string(", layout ") + format_name(scheme.format) + (scheme.sym ? ", sym" : ", asym") +
+         (scheme.act_order ? ", desc_act" : "") + (static_groups ? ", static_groups" : "");
+  } else {
+    s += ", gemm, zero_point";
+  }
+  if (!modules_to_not_convert.empty()) {
+    s += ", modules_to_not_convert [";
+    for (size_t i = 0; i < modules_to_not_convert.size(); ++i) s += (i ? ", " : "") + modules_to_not_convert[i];
+    s += "]";
+  }
+  if (!dynamic.empty()) s += ", " + std::to_string(dynamic.size()) + " dynamic rule(s)";
+  return s + " (from " + origin + ")";
+}
+
+}  // namespace wna16

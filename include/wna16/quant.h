@@ -69,6 +69,9 @@ struct UnpackedLinear {
   std::vector<float> bias;      // [N] or empty
 };
 
+// GPTQ v1 reads a stored field f as zero f+1, exactly as v1 kernels do, so v1 zeros lie in
+// [1, 2^b] (v2/AWQ: [0, 2^b-1]). Throws Error if w fails validate(), if a sym scheme's qzeros hold
+// anything but 2^(b-1), or if a non-act-order scheme has a g_idx other than k / group_len.
 UnpackedLinear unpack(const QuantizedLinear& w);
 // Packs into scheme.format. Throws Error if a code or zero does not fit the format (e.g. GPTQ v1
 // cannot store zero 0 since it stores zero-1; a sym scheme needs every zero = 2^(bits-1)).
@@ -79,11 +82,15 @@ std::vector<double> dequantize(const UnpackedLinear& u);
 std::vector<double> dequantize(const QuantizedLinear& w);
 
 // Round-to-nearest quantizer. w is [K, N] row-major float. Per group and column: min/max over the
-// group's channels; sym: scale = max|w| / (2^(b-1) - 1 ... ) style symmetric grid with zero 2^(b-1);
-// asym: scale = (max-min)/(2^b-1), zero = round(-min/scale) clamped. Scales are rounded to f16.
+// group's channels, widened to include 0 (as GPTQ does); sym: zero 2^(b-1), scale = 2*max|w|/(2^b-1);
+// asym: scale = (max-min)/(2^b-1), zero = round(-min/scale) in [0, 2^b-1] (GPTQ v1, which cannot
+// store zero 0, uses zero 1 and scale = max/(2^b-2) for such groups). Scales are f16 values rounded
+// up, never down, and > 0 (an all-zero group gets scale 1), so every |w - deq| <= scale/2. Codes
+// round half to even. Throws Error for non-finite weights or a scale beyond f16's 65504.
 // With scheme.act_order, channels are assigned to groups through a random-looking but seeded
 // permutation (g_idx non-monotonic, as GPTQ's desc_act produces), unless perm is given: perm[i] is
-// the i-th channel in quantization order, and g_idx[perm[i]] = i / group_len.
+// the i-th channel in quantization order, and g_idx[perm[i]] = i / group_len (a perm with a
+// non-act-order scheme is an Error).
 QuantizedLinear quantize(const std::vector<float>& w, int64_t K, int64_t N, const QuantScheme& scheme,
                          uint64_t seed = 0, const std::vector<int32_t>* perm = nullptr);
 

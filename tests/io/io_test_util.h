@@ -1,0 +1,108 @@
+// Helpers for the checkpoint (io) tests: scratch directories, raw safetensors bytes, running the CLI.
+#pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace wna16::test {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under the system temp dir, removed (with its contents) on destruction.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string tmpl = (fs::temp_directory_path() / "wna16-io-XXXXXX").string();
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = buf.data();
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+// A safetensors file from a header string and data bytes: u64 length + header + data.
+inline std::string st_bytes(const std::string& header, const std::string& data = "", int64_t declared_len = -1) {
+  uint64_t n = declared_len < 0 ? header.size() : uint64_t(declared_len);
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &n, 8);
+  return out + header + data;
+}
+
+// Files of a directory (names only), sorted: to check that nothing stray (temp files) was left.
+inline std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+struct CliResult {
+  int exit_code = -1;     // -1: killed by a signal (a crash)
+  int signal = 0;
+  std::string out, err;
+};
+
+inline std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs the wna16 CLI with `args` (already shell-quoted where needed), capturing stdout and stderr.
+inline CliResult run_cli(const std::string& args) {
+  static int counter = 0;
+  const std::string base = (fs::temp_directory_path() / ("wna16-io-cli-" + std::to_string(getpid()) + "-" +
+                                                          std::to_string(counter++))).string();
+  const std::string cmd = shell_quote(WNA16_CLI_PATH) + " " + args + " >" + base + ".out 2>" + base + ".err";
+  int st = std::system(cmd.c_str());
+  CliResult r;
+  if (st != -1 && WIFEXITED(st)) {
+    r.exit_code = WEXITSTATUS(st);
+  } else if (st != -1 && WIFSIGNALED(st)) {
+    r.signal = WTERMSIG(st);
+  }
+  r.out = read_file(base + ".out");
+  r.err = read_file(base + ".err");
+  std::remove((base + ".out").c_str());
+  std::remove((base + ".err").c_str());
+  // A sanitizer report or std::terminate also means a crash even when the exit code is set.
+  if (r.err.find("AddressSanitizer") != std::string::npos || r.err.find("runtime error:") != std::string::npos ||
+      r.err.find("terminate called") != std::string::npos)
+    r.exit_code = -1;
+  return r;
+}
+
+}  // namespace wna16::test

@@ -1,0 +1,841 @@
+// `wna16 bench --device cuda`: the whole MoE layer per model preset and token count, against the
+// two ceilings measured in the same run (read stream, cuBLAS bf16) and two baselines (the
+// per-expert loop, cuBLAS bf16 GEMMs on dequantized weights). See docs/perf.md for the method and
+// ../shared/docs/performance.md for the floors.
+//
+// Method, per preset:
+//  1. Synthetic checkpoint tensors (bench_weights.h), loaded into L copies of CudaMoeLayer, L
+//     chosen so the copies total many times the L2 size (1 for DeepSeek-V3's 5.8 GB).
+//  2. A pool of P random token rows; the routing of every row is computed once (fp32 logits on
+//     the device, route_reference on the host) to count the experts each call touches.
+//  3. Correctness: the layer and the loop baseline at M=1 and at the largest M against
+//     moe_reference on a few rows (poisoned outputs); FAILED and a non-zero exit on any miss.
+//  4. Per M: a CUDA graph of G layer calls rotating over (weight set, input slice), so consecutive
+//     calls touch different experts and the L2 stays cold; median over replays / G.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_kernels.h"
+#include "bench_report.h"
+#include "bench_weights.h"
+#include "cuda/cuda_check.h"
+#include "wna16/backend.h"
+#include "wna16/bench.h"
+#include "wna16/cuda.h"
+#include "wna16/cuda_kernels.h"
+#include "wna16/error.h"
+#include "wna16/reference.h"
+
+// The align helper's timer, when the build has it (same method as here: graph of launches).
+#if __has_include("align_bench.h")
+#include "align_bench.h"
+#define WNA16_BENCH_HAVE_ALIGN_BENCH 1
+#endif
+
+namespace wna16::cuda::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+const std::vector<int64_t> kDefaultMs = {1, 4, 16, 64, 256, 1024, 4096, 8192};
+constexpr double kDefaultCaseSeconds = 0.1;  // timed replays per variant and case (adaptive count)
+constexpr int kMaxCalls = 16;                // layer calls per graph: the rotation length
+constexpr double kColdFactor = 8.0;          // bytes touched per replay >= this x L2 where possible
+constexpr int kMaxWeightSets = 8;
+constexpr double kWeightSetsBudget = 8e9;    // bytes of rotated weight copies per preset
+constexpr int kAlignE = 256;
+constexpr int64_t kAlignSlots = 32768;
+constexpr int kAlignBlockM = 64;
+
+// Owning device allocation.
+class DevBuf {
+ public:
+  DevBuf() = default;
+  explicit DevBuf(size_t bytes) {
+    WNA16_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(bytes, 16)));
+    n_ = bytes;
+  }
+  ~DevBuf() {
+    if (p_) cudaFree(p_);
+  }
+  DevBuf(DevBuf&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    if (this != &o) {
+      if (p_) cudaFree(p_);
+      p_ = o.p_, n_ = o.n_;
+      o.p_ = nullptr, o.n_ = 0;
+    }
+    return *this;
+  }
+  template <class T = void>
+  T* get() const {
+    return static_cast<T*>(p_);
+  }
+  char* bytes_at(size_t off) const { return static_cast<char*>(p_) + off; }
+  size_t size() const { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// An instantiated graph, destroyed with its owner.
+class GraphExec {
+ public:
+  ~GraphExec() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+  }
+  // Captures `body` on stream s. Returns false (with the reason) when capture is refused, so the
+  // caller can fall back to eager launches and say so.
+  bool capture(cudaStream_t s, const std::function<void()>& body, std::string& why) {
+    WNA16_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    cudaGraph_t g = nullptr;
+    try {
+      body();
+    } catch (const std::exception& e) {
+      cudaStreamEndCapture(s, &g);
+      if (g) cudaGraphDestroy(g);
+      cudaGetLastError();
+      why = e.what();
+      return false;
+    }
+    cudaError_t err = cudaStreamEndCapture(s, &g);
+    if (err == cudaSuccess) err = cudaGraphInstantiate(&exec_, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      why = cudaGetErrorString(err);
+      exec_ = nullptr;
+      return false;
+    }
+    return true;
+  }
+  void launch(cudaStream_t s) const { WNA16_CUDA_CHECK(cudaGraphLaunch(exec_, s)); }
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+// Median / p10 / p90 of per-call microseconds over replays of `enqueue`, each of which performs
+// `calls` layer calls. One warm-up replay (graph upload, lazy loading, cuBLAS heuristics), one to
+// size the repetition count to `budget_s`, then at least 3 timed replays.
+Timing time_calls(cudaStream_t s, int calls, double budget_s, const std::function<void()>& enqueue) {
+  enqueue();
+  WNA16_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  WNA16_CUDA_CHECK(cudaEventCreate(&a));
+  WNA16_CUDA_CHECK(cudaEventCreate(&b));
+  WNA16_CUDA_CHECK(cudaEventRecord(a, s));
+  enqueue();
+  WNA16_CUDA_CHECK(cudaEventRecord(b, s));
+  WNA16_CUDA_CHECK(cudaEventSynchronize(b));
+  float first_ms = 0;
+  WNA16_CUDA_CHECK(cudaEventElapsedTime(&first_ms, a, b));
+  WNA16_CUDA_CHECK(cudaEventDestroy(a));
+  WNA16_CUDA_CHECK(cudaEventDestroy(b));
+  const int reps = int(std::clamp(budget_s * 1e3 / std::max(double(first_ms), 1e-3), 3.0, 200.0));
+
+  std::vector<cudaEvent_t> ev(size_t(2 * reps));
+  for (auto& e : ev) WNA16_CUDA_CHECK(cudaEventCreate(&e));
+  for (int r = 0; r < reps; ++r) {
+    WNA16_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], s));
+    enqueue();
+    WNA16_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], s));
+  }
+  WNA16_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> us(static_cast<size_t>(reps));
+  for (int r = 0; r < reps; ++r) {
+    float t = 0;
+    WNA16_CUDA_CHECK(cudaEventElapsedTime(&t, ev[size_t(2 * r)], ev[size_t(2 * r + 1)]));
+    us[size_t(r)] = double(t) * 1e3 / calls;
+  }
+  for (auto& e : ev) WNA16_CUDA_CHECK(cudaEventDestroy(e));
+  std::sort(us.begin(), us.end());
+  Timing t;
+  t.median_us = us[us.size() / 2];
+  t.p10_us = us[us.size() / 10];
+  t.p90_us = us[us.size() - 1 - us.size() / 10];
+  t.reps = reps;
+  t.calls = calls;
+  return t;
+}
+
+uint64_t name_seed(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (char c : s) h = (h ^ uint8_t(c)) * 1099511628211ull;
+  return h;
+}
+
+std::vector<float> to_float(const uint16_t* p, size_t n, DType t) {
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) f[i] = t == DType::BF16 ? bf16_to_float(p[i]) : f16_to_float(p[i]);
+  return f;
+}
+
+// Runs f(i) for i in [0, n) on separate threads, rethrowing the first failure.
+void run_threads(size_t n, const std::function<void(size_t)>& f) {
+  std::vector<std::exception_ptr> errs(n);
+  std::vector<std::thread> th;
+  for (size_t i = 0; i < n; ++i)
+    th.emplace_back([&, i] {
+      try {
+        f(i);
+      } catch (...) {
+        errs[i] = std::current_exception();
+      }
+    });
+  for (auto& t : th) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+}
+
+struct Ctx {
+  explicit Ctx(const BenchOptions& o) : opts(o), act(o.act) {}
+  const BenchOptions& opts;
+  DType act;
+  size_t act_size = 2;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  Ceilings ceil;
+  double budget_s = kDefaultCaseSeconds;
+};
+
+// The shape facts of a preset the benchmark counts with.
+struct Shape {
+  int E = 0, k = 0;
+  int64_t H = 0, I = 0, Is = 0;  // Is: shared expert width (0 = none)
+  int64_t expert_bytes = 0, shared_bytes = 0, fixed_bytes = 0;  // fixed: router (+ shared gate), read every call
+  explicit Shape(const MoeLayerSpec& spec, const QuantScheme& sc) {
+    E = spec.routing.num_experts;
+    k = spec.routing.top_k;
+    H = spec.hidden;
+    I = spec.inter;
+    Is = spec.shared_kind == SharedExpertKind::None ? 0 : spec.shared_inter;
+    expert_bytes = 2 * linear_stored_bytes(H, I, sc) + linear_stored_bytes(I, H, sc);
+    shared_bytes = Is ? 2 * linear_stored_bytes(H, Is, sc) + linear_stored_bytes(Is, H, sc) : 0;
+    // The router as bf16 is the least any implementation reads (the spec stores it in fp32).
+    fixed_bytes = int64_t(E) * H * 2 + (spec.shared_kind == SharedExpertKind::SigmoidGated ? H * 2 : 0);
+  }
+  int64_t set_bytes() const { return E * expert_bytes + shared_bytes; }
+  double flops(int64_t M) const { return 2.0 * double(M) * (double(k) * 3.0 * double(I) + 3.0 * double(Is)) * double(H); }
+};
+
+// The rotation for one M: call i uses weight set i % sets and input slice i % slices (rows
+// [slice*M, slice*M + M) of the pool). Counts of tokens per expert for each slice used.
+struct Schedule {
+  int64_t M = 0;
+  int calls = 0;
+  int64_t slices = 0;
+  std::vector<std::vector<int>> counts;  // [slice][expert]
+  double bytes_avg = 0, experts_avg = 0;
+  int slice_of(int i) const { return int(i % slices); }
+};
+
+Schedule make_schedule(const Shape& sh, const std::vector<int32_t>& ids, int64_t P, int64_t M, int sets, int64_t l2,
+                       size_t act_size) {
+  Schedule s;
+  s.M = M;
+  s.slices = std::max<int64_t>(1, P / M);
+  auto slice_counts = [&](int64_t slice) {
+    std::vector<int> c(size_t(sh.E), 0);
+    for (int64_t r = slice * M; r < slice * M + M; ++r)
+      for (int j = 0; j < sh.k; ++j) ++c[size_t(ids[size_t(r * sh.k + j)])];
+    return c;
+  };
+  auto call_bytes = [&](const std::vector<int>& c, double* experts) {
+    int64_t used = 0;
+    for (int v : c) used += v > 0;
+    *experts = double(used);
+    return double(used * sh.expert_bytes + sh.shared_bytes + sh.fixed_bytes) + 2.0 * double(M * sh.H) * double(act_size);
+  };
+  double e0 = 0;
+  const double b0 = call_bytes(slice_counts(0), &e0);
+  s.calls = int(std::clamp(std::ceil(kColdFactor * double(l2) / b0), 2.0, double(kMaxCalls)));
+  s.calls = std::max(s.calls, sets);
+  const int64_t used_slices = std::min<int64_t>(s.slices, s.calls);
+  for (int64_t i = 0; i < used_slices; ++i) s.counts.push_back(slice_counts(i));
+  for (int i = 0; i < s.calls; ++i) {
+    double e = 0;
+    s.bytes_avg += call_bytes(s.counts[size_t(s.slice_of(i))], &e) / s.calls;
+    s.experts_avg += e / s.calls;
+  }
+  return s;
+}
+
+// Routing of every pool row: fp32 logits on the device (x in act dtype, router fp32), top-k by
+// route_reference. Only used to count the experts each call touches and to size the cuBLAS
+// baseline's per-expert GEMMs; the layer routes on its own.
+std::vector<int32_t> pool_routing(Ctx& cx, const MoeLayerSpec& spec, const MoeLayerWeights& w, const DevBuf& xd, int64_t P) {
+  const int E = spec.routing.num_experts;
+  const int64_t H = spec.hidden;
+  DevBuf xf(size_t(P * H) * sizeof(float)), rd(w.router.size() * sizeof(float)), lg(size_t(P * E) * sizeof(float));
+  half_to_float(xd.get(), cx.act, xf.get<float>(), size_t(P * H), cx.stream);
+  WNA16_CUDA_CHECK(cudaMemcpyAsync(rd.get(), w.router.data(), rd.size(), cudaMemcpyHostToDevice, cx.stream));
+  const float one = 1.0f, zero = 0.0f;
+  WNA16_CUBLAS_CHECK(cublasSetStream(cx.cublas, cx.stream));
+  // logits[p, e] = sum_h x[p, h] router[e, h]: column-major C (E x P) = router^T-as-(E x H) * x (H x P).
+  WNA16_CUBLAS_CHECK(cublasSgemm(cx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, E, int(P), int(H), &one, rd.get<float>(), int(H),
+                                 xf.get<float>(), int(H), &zero, lg.get<float>(), E));
+  std::vector<float> logits(size_t(P * E));
+  WNA16_CUDA_CHECK(cudaMemcpyAsync(logits.data(), lg.get(), lg.size(), cudaMemcpyDeviceToHost, cx.stream));
+  WNA16_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+  const float* bias = w.correction_bias.empty() ? nullptr : w.correction_bias.data();
+  return route_reference(spec.routing, logits.data(), P, bias).ids;
+}
+
+using Layers = std::vector<std::unique_ptr<CudaMoeLayer>>;
+
+// Correctness of the benchmarked layer and of the loop baseline: M=1 (row 0) and M=Mc (rows 0,
+// Mc/2, Mc-1) against moe_reference of those rows. Returns false on any miss.
+bool check_layers(Ctx& cx, const MoeLayerSpec& spec, const MoeLayerWeights& w, const Layers& layers,
+                  const std::vector<uint16_t>& xh, const DevBuf& xd, int64_t Mc, const DevBuf& ws, const DevBuf& out,
+                  PresetInfo& info) {
+  const int64_t H = spec.hidden;
+  std::vector<int64_t> rows = {0};
+  if (Mc > 2) rows.push_back(Mc / 2);
+  if (Mc > 1) rows.push_back(Mc - 1);
+  // Each token's output depends on that token alone, so the reference runs one row per thread.
+  std::vector<std::vector<double>> ref(rows.size());
+  run_threads(rows.size(), [&](size_t i) {
+    std::vector<float> x = to_float(xh.data() + rows[i] * H, size_t(H), cx.act);
+    ref[i] = moe_reference(spec, w, x.data(), 1);
+  });
+  const double tol = layer_tolerance(cx.act);
+  info.tolerance = tol;
+  bool ok = true;
+  for (int variant = 0; variant < 2; ++variant) {
+    const bool loop = variant == 1;
+    for (int64_t M : {int64_t(1), Mc}) {
+      const size_t n_rows = M == 1 ? 1 : rows.size();
+      std::string label = std::string(loop ? "loop" : "ours") + " M=" + std::to_string(M);
+      double err = INFINITY;
+      try {
+        // Poison: 0xFFFF is a NaN in both bf16 and f16, so an unwritten element fails the check.
+        WNA16_CUDA_CHECK(cudaMemsetAsync(out.get(), 0xFF, size_t(M * H) * cx.act_size, cx.stream));
+        if (loop)
+          layers[0]->forward_per_expert_loop(xd.get(), out.get(), M, cx.act, ws.get(), ws.size(), cx.stream);
+        else
+          layers[0]->forward(xd.get(), out.get(), M, cx.act, ws.get(), ws.size(), cx.stream);
+        WNA16_CUDA_CHECK_LAUNCH();
+        WNA16_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+        std::vector<uint16_t> got(n_rows * size_t(H));
+        std::vector<double> want;
+        for (size_t i = 0; i < n_rows; ++i) {
+          WNA16_CUDA_CHECK(cudaMemcpy(got.data() + i * H, out.bytes_at(size_t(rows[i] * H) * cx.act_size),
+                                      size_t(H) * cx.act_size, cudaMemcpyDeviceToHost));
+          want.insert(want.end(), ref[i].begin(), ref[i].end());
+        }
+        const std::vector<float> g = to_float(got.data(), got.size(), cx.act);
+        err = rel_error(g.data(), want.data(), int64_t(g.size()));
+      } catch (const std::exception& e) {
+        label += std::string(" threw: ") + e.what();
+      }
+      const bool pass = err <= tol;
+      ok = ok && pass;
+      char line[512];
+      std::snprintf(line, sizeof line, "%s rows %zu rel err %.3e (tol %.1e) %s", label.c_str(), n_rows, err, tol,
+                    pass ? "PASSED" : "FAILED");
+      info.checks.push_back(line);
+      std::printf("[bench] %s check: %s\n", info.name.c_str(), line);
+      if (M == Mc) break;
+    }
+  }
+  return ok;
+}
+
+void gemm_tn(cublasHandle_t h, cudaDataType_t t, const void* W, int64_t N, int64_t m, int64_t K, const void* X, int64_t ldx,
+             void* Y, int64_t ldy) {
+  // Y[m, N] = X[m, K] W^T with W stored [N, K] (torch Linear.weight layout); column-major:
+  // C (N x m) = op_T(A: K x N) * B (K x m).
+  const float one = 1.0f, zero = 0.0f;
+  WNA16_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(m), int(K), &one, W, t, int(K), X, t, int(ldx),
+                                  &zero, Y, t, int(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// cuBLAS bf16 baseline: the same weights dequantized to the activation dtype, one cublasGemmEx per
+// expert with tokens for GEMM1 ([m_e, H] x [H, 2I], gate and up in one) and GEMM2 ([m_e, I] x
+// [I, H]) (+ the shared expert's two), captured in a graph. GEMMs only: no routing, gather, SiLU or
+// top-k sum, so the baseline is favoured.
+void bench_cublas(Ctx& cx, const MoeLayerWeights& w, const Shape& sh, int sets,
+                  const std::vector<Schedule>& scheds, const DevBuf& xd, std::vector<CaseResult>& cases,
+                  PresetInfo& info) {
+  const auto t0 = Clock::now();
+  const cudaDataType_t ct = cuda_type(cx.act);
+  const size_t es = cx.act_size;
+  const int64_t w13 = 2 * sh.I * sh.H, w2 = sh.H * sh.I, expert_elems = w13 + w2;
+  const int64_t shared_elems = 3 * sh.Is * sh.H;
+  const int64_t set_elems = sh.E * expert_elems + shared_elems;
+  int64_t maxM = 0;
+  for (const auto& s : scheds) maxM = std::max(maxM, s.M);
+  const int64_t rows = maxM * sh.k;
+  const size_t scratch = size_t(rows * sh.H + rows * 2 * sh.I + rows * sh.H + maxM * 2 * sh.Is + maxM * sh.H) * es;
+  size_t free_b = 0, total_b = 0;
+  WNA16_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  int copies = sets;
+  while (copies > 1 && double(copies * set_elems) * double(es) + double(scratch) > 0.85 * double(free_b)) --copies;
+  if (double(set_elems) * double(es) + double(scratch) > 0.9 * double(free_b))
+    throw Error("bench: the cuBLAS baseline needs " + std::to_string((set_elems * es + scratch) >> 20) + " MiB, " +
+                std::to_string(free_b >> 20) + " MiB free");
+
+  DevBuf wb(size_t(copies * set_elems) * es);
+  auto w13_at = [&](int set, int e) { return wb.bytes_at(size_t(set * set_elems + e * expert_elems) * es); };
+  auto w2_at = [&](int set, int e) { return wb.bytes_at(size_t(set * set_elems + e * expert_elems + w13) * es); };
+  auto sh13_at = [&](int set) { return wb.bytes_at(size_t(set * set_elems + sh.E * expert_elems) * es); };
+  auto sh2_at = [&](int set) { return wb.bytes_at(size_t(set * set_elems + sh.E * expert_elems + 2 * sh.Is * sh.H) * es); };
+
+  // Dequantize set 0 on the device from the same checkpoint tensors the layer was built from.
+  size_t max_qw = 0, max_qz = 0, max_sc = 0, max_gi = 0;
+  auto grow = [&](const QuantizedLinear& q) {
+    max_qw = std::max(max_qw, q.qweight.size());
+    max_qz = std::max(max_qz, q.qzeros.size());
+    max_sc = std::max(max_sc, q.scales.size());
+    max_gi = std::max(max_gi, q.g_idx.size());
+  };
+  for (const auto& e : w.experts) grow(e.gate), grow(e.up), grow(e.down);
+  if (w.shared) grow(w.shared->gate), grow(w.shared->up), grow(w.shared->down);
+  DevBuf qw(max_qw * 4), qz(max_qz * 4), sc(max_sc * 4), gi(std::max<size_t>(max_gi, 1) * 4);
+  auto dequant = [&](const QuantizedLinear& q, char* dst) {
+    WNA16_CUDA_CHECK(cudaMemcpyAsync(qw.get(), q.qweight.data(), q.qweight.size() * 4, cudaMemcpyHostToDevice, cx.stream));
+    WNA16_CUDA_CHECK(cudaMemcpyAsync(qz.get(), q.qzeros.data(), q.qzeros.size() * 4, cudaMemcpyHostToDevice, cx.stream));
+    WNA16_CUDA_CHECK(cudaMemcpyAsync(sc.get(), q.scales.data(), q.scales.size() * 4, cudaMemcpyHostToDevice, cx.stream));
+    if (!q.g_idx.empty())
+      WNA16_CUDA_CHECK(cudaMemcpyAsync(gi.get(), q.g_idx.data(), q.g_idx.size() * 4, cudaMemcpyHostToDevice, cx.stream));
+    DeviceLinear d;
+    d.qweight = qw.get<int32_t>();
+    d.qzeros = qz.get<int32_t>();
+    d.scales = sc.get<float>();
+    d.g_idx = q.g_idx.empty() ? nullptr : gi.get<int32_t>();
+    d.K = q.K;
+    d.N = q.N;
+    d.group_len = q.scheme.group_len(q.K);
+    d.bits = q.scheme.bits;
+    d.format = q.scheme.format;
+    dequantize_transposed(d, cx.act, dst, cx.stream);
+    WNA16_CUDA_CHECK(cudaStreamSynchronize(cx.stream));  // the staging buffers are reused next
+  };
+  for (int e = 0; e < sh.E; ++e) {
+    const ExpertWeights& x = w.experts[size_t(e)];
+    dequant(x.gate, w13_at(0, e));
+    dequant(x.up, w13_at(0, e) + size_t(sh.I * sh.H) * es);
+    dequant(x.down, w2_at(0, e));
+  }
+  if (w.shared) {
+    dequant(w.shared->gate, sh13_at(0));
+    dequant(w.shared->up, sh13_at(0) + size_t(sh.Is * sh.H) * es);
+    dequant(w.shared->down, sh2_at(0));
+  }
+  // The baseline's weights must be the layer's: expert 0's gate, bit for bit against
+  // wna16::dequantize rounded once to the activation dtype (the products are exact).
+  {
+    const QuantizedLinear& g = w.experts[0].gate;
+    const std::vector<double> ref = dequantize(g);  // [K=H, N=I]
+    std::vector<uint16_t> got(size_t(sh.I * sh.H));
+    WNA16_CUDA_CHECK(cudaMemcpy(got.data(), w13_at(0, 0), got.size() * es, cudaMemcpyDeviceToHost));
+    int64_t bad = 0;
+    for (int64_t n = 0; n < sh.I; ++n)
+      for (int64_t kk = 0; kk < sh.H; ++kk) {
+        const float want = float(ref[size_t(kk * sh.I + n)]);
+        const uint16_t wb16 = cx.act == DType::BF16 ? float_to_bf16(want) : float_to_f16(want);
+        bad += got[size_t(n * sh.H + kk)] != wb16;
+      }
+    if (bad) {
+      info.passed = false;
+      throw Error("bench: the cuBLAS baseline's dequantized weights differ from wna16::dequantize in " +
+                  std::to_string(bad) + " of " + std::to_string(sh.I * sh.H) + " values (expert 0 gate)");
+    }
+    info.checks.push_back("cuBLAS baseline weights (expert 0 gate) equal wna16::dequantize: PASSED");
+  }
+  for (int c = 1; c < copies; ++c)
+    WNA16_CUDA_CHECK(cudaMemcpyAsync(wb.bytes_at(size_t(c * set_elems) * es), wb.get(), size_t(set_elems) * es,
+                                     cudaMemcpyDeviceToDevice, cx.stream));
+
+  // Token rows as if gathered per expert (contents random: the GEMMs' time does not depend on
+  // which rows they are), and the per-expert outputs.
+  DevBuf xg(size_t(rows * sh.H) * es), y1(size_t(rows * 2 * sh.I) * es), y2(size_t(rows * sh.H) * es);
+  DevBuf ys1(size_t(std::max<int64_t>(maxM * 2 * sh.Is, 1)) * es), ys2(size_t(maxM * sh.H) * es);
+  fill_random_half(xg.get(), size_t(rows * sh.H), cx.act, 77, 1.0f, cx.stream);
+  WNA16_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+  info.bf16_s = seconds_since(t0);
+  std::printf("[bench] %s: cuBLAS baseline weights dequantized (%d set(s), %.2f GB) in %.1f s\n", info.name.c_str(), copies,
+              double(copies * set_elems) * double(es) / 1e9, info.bf16_s);
+
+  WNA16_CUBLAS_CHECK(cublasSetStream(cx.cublas, cx.stream));
+  for (const Schedule& s : scheds) {
+    CaseResult* cr = nullptr;
+    for (auto& c : cases)
+      if (c.M == s.M) cr = &c;
+    if (!cr) continue;
+    auto enqueue = [&] {
+      for (int i = 0; i < s.calls; ++i) {
+        const int set = i % copies;
+        const int slice = s.slice_of(i);
+        const std::vector<int>& cnt = s.counts[size_t(slice)];
+        int64_t off = 0;
+        for (int e = 0; e < sh.E; ++e) {
+          const int64_t m = cnt[size_t(e)];
+          if (!m) continue;
+          gemm_tn(cx.cublas, ct, w13_at(set, e), 2 * sh.I, m, sh.H, xg.bytes_at(size_t(off * sh.H) * es), sh.H,
+                  y1.bytes_at(size_t(off * 2 * sh.I) * es), 2 * sh.I);
+          gemm_tn(cx.cublas, ct, w2_at(set, e), sh.H, m, sh.I, y1.bytes_at(size_t(off * 2 * sh.I) * es), 2 * sh.I,
+                  y2.bytes_at(size_t(off * sh.H) * es), sh.H);
+          off += m;
+        }
+        if (sh.Is) {
+          const char* x = xd.bytes_at(size_t(int64_t(slice) * s.M * sh.H) * es);
+          gemm_tn(cx.cublas, ct, sh13_at(set), 2 * sh.Is, s.M, sh.H, x, sh.H, ys1.get(), 2 * sh.Is);
+          gemm_tn(cx.cublas, ct, sh2_at(set), sh.H, s.M, sh.Is, ys1.get(), 2 * sh.Is, ys2.get(), sh.H);
+        }
+      }
+    };
+    try {
+      GraphExec g;
+      std::string why;
+      const bool graphed = g.capture(cx.stream, enqueue, why);
+      if (graphed) {
+        cr->cublas = time_calls(cx.stream, s.calls, cx.budget_s, [&] { g.launch(cx.stream); });
+      } else {
+        cr->cublas = time_calls(cx.stream, s.calls, cx.budget_s, enqueue);
+        cr->note += (cr->note.empty() ? "" : "; ") + std::string("cuBLAS eager: ") + why;
+      }
+      cr->cublas.graph = graphed;
+    } catch (const std::exception& e) {
+      cr->note += (cr->note.empty() ? "" : "; ") + std::string("cuBLAS: ") + e.what();
+    }
+  }
+}
+
+void bench_preset(Ctx& cx, const std::string& name, const std::vector<int64_t>& ms, PresetInfo& info,
+                  std::vector<CaseResult>& cases) {
+  const MoeLayerSpec spec = preset(name);
+  const QuantScheme& scheme = cx.opts.scheme;
+  const Shape sh(spec, scheme);
+  {
+    char b[256];
+    std::snprintf(b, sizeof b, "E%d k%d H%lld I%lld shared %lld, %s", sh.E, sh.k, static_cast<long long>(sh.H),
+                  static_cast<long long>(sh.I), static_cast<long long>(sh.Is), routing_name(spec.routing.method));
+    info.shape = b;
+  }
+  info.weights_gb = double(sh.set_bytes()) / 1e9;
+
+  auto t0 = Clock::now();
+  const MoeLayerWeights w = random_bench_layer(spec, scheme, name_seed(name));
+  info.gen_s = seconds_since(t0);
+  std::printf("[bench] %s (%s): generated %.2f GB of %s weights in %.1f s\n", name.c_str(), info.shape.c_str(),
+              info.weights_gb, scheme.describe().c_str(), info.gen_s);
+  std::fflush(stdout);
+
+  // Weight sets rotated so the copies total many times the L2 (bounded in bytes).
+  const double l2 = double(cx.ceil.l2_bytes);
+  int sets = int(std::clamp(std::ceil(3.0 * kColdFactor * l2 / double(sh.set_bytes())), 1.0, double(kMaxWeightSets)));
+  while (sets > 1 && double(sets) * double(sh.set_bytes()) > kWeightSetsBudget) --sets;
+  info.weight_sets = sets;
+
+  t0 = Clock::now();
+  Layers layers;
+  for (int i = 0; i < sets; ++i) layers.push_back(std::make_unique<CudaMoeLayer>(spec, w));
+  WNA16_CUDA_CHECK(cudaDeviceSynchronize());
+  info.load_s = seconds_since(t0);
+  info.device_weights_gb = double(layers[0]->weight_bytes()) / 1e9;
+  std::printf("[bench] %s: loaded %d weight set(s) of %.2f GB on the device in %.1f s\n", name.c_str(), sets,
+              info.device_weights_gb, info.load_s);
+  std::fflush(stdout);
+
+  // The token pool: P rows, slices of M rows rotate (16 distinct inputs up to M=1024).
+  const int64_t maxM = *std::max_element(ms.begin(), ms.end());
+  const int64_t P = std::max<int64_t>(2 * maxM, kMaxCalls * std::min<int64_t>(maxM, 1024));
+  t0 = Clock::now();
+  const std::vector<uint16_t> xh = random_activations(P, sh.H, cx.act, name_seed(name) ^ 0xa5a5);
+  DevBuf xd(xh.size() * 2);
+  WNA16_CUDA_CHECK(cudaMemcpy(xd.get(), xh.data(), xd.size(), cudaMemcpyHostToDevice));
+  const std::vector<int32_t> ids = pool_routing(cx, spec, w, xd, P);
+  DevBuf ws(layers[0]->workspace_bytes(maxM));
+  DevBuf out(size_t(maxM * sh.H) * cx.act_size);
+
+  info.passed = check_layers(cx, spec, w, layers, xh, xd, maxM, ws, out, info);
+  info.check_s = seconds_since(t0);
+  std::printf("[bench] %s: inputs, routing and correctness checks took %.1f s (workspace %.1f MB)\n", name.c_str(),
+              info.check_s, double(ws.size()) / 1e6);
+  std::fflush(stdout);
+
+  std::vector<Schedule> scheds;
+  for (int64_t M : ms) {
+    const Schedule s = make_schedule(sh, ids, P, M, sets, cx.ceil.l2_bytes, cx.act_size);
+    scheds.push_back(s);
+    CaseResult c;
+    c.preset = name;
+    c.M = M;
+    c.flops = sh.flops(M);
+    c.bytes = s.bytes_avg;
+    c.experts_avg = s.experts_avg;
+    c.correct = info.passed;
+    auto call = [&](bool loop, int i) {
+      const void* x = xd.bytes_at(size_t(int64_t(s.slice_of(i)) * M * sh.H) * cx.act_size);
+      const CudaMoeLayer& L = *layers[size_t(i % sets)];
+      if (loop)
+        L.forward_per_expert_loop(x, out.get(), M, cx.act, ws.get(), ws.size(), cx.stream);
+      else
+        L.forward(x, out.get(), M, cx.act, ws.get(), ws.size(), cx.stream);
+    };
+    try {
+      auto enqueue = [&] {
+        for (int i = 0; i < s.calls; ++i) call(false, i);
+      };
+      GraphExec g;
+      std::string why;
+      const bool graphed = g.capture(cx.stream, enqueue, why);
+      if (graphed) {
+        c.ours = time_calls(cx.stream, s.calls, cx.budget_s, [&] { g.launch(cx.stream); });
+      } else {
+        c.ours = time_calls(cx.stream, s.calls, cx.budget_s, enqueue);
+        c.note = "graph capture refused (" + why + "): eager launches timed";
+      }
+      c.ours.graph = graphed;
+    } catch (const std::exception& e) {
+      // A layer that throws on a valid M is a failure, not a missing number.
+      c.note = std::string("layer: ") + e.what();
+      info.passed = false;
+      info.checks.push_back("ours M=" + std::to_string(M) + " threw while timed: " + e.what());
+    }
+    try {
+      c.loop = time_calls(cx.stream, s.calls, cx.budget_s, [&] {
+        for (int i = 0; i < s.calls; ++i) call(true, i);
+      });
+    } catch (const std::exception& e) {
+      c.note += (c.note.empty() ? "" : "; ") + std::string("loop: ") + e.what();
+    }
+    std::printf("[bench] %s M=%lld: %.2f us (loop %.2f us), %d calls x %d reps, %.1f experts/call\n", name.c_str(),
+                static_cast<long long>(M), c.ours.median_us, c.loop.median_us, s.calls, c.ours.reps, s.experts_avg);
+    std::fflush(stdout);
+    cases.push_back(c);
+  }
+  layers.clear();  // frees the quantized copies before the bf16 ones are made
+  ws = DevBuf();
+  out = DevBuf();
+
+  try {
+    bench_cublas(cx, w, sh, sets, scheds, xd, cases, info);
+  } catch (const std::exception& e) {
+    const std::string msg = std::string("cuBLAS baseline: ") + e.what();
+    std::printf("[bench] %s: %s\n", name.c_str(), msg.c_str());
+    for (auto& c : cases) c.note += (c.note.empty() ? "" : "; ") + msg;
+  }
+  for (auto& c : cases) c.correct = info.passed;
+}
+
+AlignRow bench_align(Ctx& cx) {
+  AlignRow row;
+  row.E = kAlignE;
+  row.slots = kAlignSlots;
+  row.block_m = kAlignBlockM;
+  row.source = "launch_align, CUDA graph of 8 launches over different topk_ids";
+  constexpr int kInputs = 8;
+  std::vector<int32_t> ids(size_t(kAlignSlots) * kInputs);
+  uint64_t s = 0x1234567;
+  for (auto& v : ids) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    v = int32_t((s >> 33) % kAlignE);
+  }
+  const int64_t padded = max_padded_slots(kAlignSlots, kAlignE, kAlignBlockM);
+  const int64_t blocks = max_align_blocks(kAlignSlots, kAlignE, kAlignBlockM);
+  DevBuf d_ids(ids.size() * 4), d_sorted(size_t(padded) * 4), d_eids(size_t(blocks) * 4), d_ntp(4);
+  WNA16_CUDA_CHECK(cudaMemcpy(d_ids.get(), ids.data(), d_ids.size(), cudaMemcpyHostToDevice));
+  auto launch = [&](int i) {
+    launch_align(d_ids.get<int32_t>() + size_t(i) * kAlignSlots, kAlignSlots, kAlignE, kAlignBlockM, d_sorted.get<int32_t>(),
+                 d_eids.get<int32_t>(), d_ntp.get<int32_t>(), cx.stream);
+  };
+  // Correct first: the last input against align_reference, bit for bit.
+  WNA16_CUDA_CHECK(cudaMemsetAsync(d_sorted.get(), 0xFF, d_sorted.size(), cx.stream));
+  WNA16_CUDA_CHECK(cudaMemsetAsync(d_eids.get(), 0xFF, d_eids.size(), cx.stream));
+  launch(kInputs - 1);
+  WNA16_CUDA_CHECK_LAUNCH();
+  WNA16_CUDA_CHECK(cudaStreamSynchronize(cx.stream));
+  const AlignResult ref = align_reference(ids.data() + size_t(kInputs - 1) * kAlignSlots, kAlignSlots, kAlignE, kAlignBlockM);
+  std::vector<int32_t> sorted(static_cast<size_t>(padded)), eids(static_cast<size_t>(blocks));
+  int32_t ntp = 0;
+  WNA16_CUDA_CHECK(cudaMemcpy(sorted.data(), d_sorted.get(), d_sorted.size(), cudaMemcpyDeviceToHost));
+  WNA16_CUDA_CHECK(cudaMemcpy(eids.data(), d_eids.get(), d_eids.size(), cudaMemcpyDeviceToHost));
+  WNA16_CUDA_CHECK(cudaMemcpy(&ntp, d_ntp.get(), 4, cudaMemcpyDeviceToHost));
+  if (sorted != ref.sorted_token_ids || eids != ref.expert_ids || ntp != ref.num_tokens_post_padded)
+    throw Error("align check FAILED: launch_align differs from align_reference (E=256, 32768 slots, block_m=" +
+                std::to_string(kAlignBlockM) + ")");
+#ifdef WNA16_BENCH_HAVE_ALIGN_BENCH
+  row.us = bench_align_us(kAlignE, kAlignSlots, kAlignBlockM);
+  row.source = "bench_align_us (align_bench.h); output checked against align_reference";
+  return row;
+#endif
+  GraphExec g;
+  std::string why;
+  auto enqueue = [&] {
+    for (int i = 0; i < kInputs; ++i) launch(i);
+  };
+  if (g.capture(cx.stream, enqueue, why)) {
+    row.us = time_calls(cx.stream, kInputs, cx.budget_s, [&] { g.launch(cx.stream); }).median_us;
+  } else {
+    row.us = time_calls(cx.stream, kInputs, cx.budget_s, enqueue).median_us;
+    row.source = "launch_align, eager (graph capture refused: " + why + ")";
+  }
+  return row;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char b[64];
+  std::strftime(b, sizeof b, "%Y-%m-%d %H:%M UTC", &tm);
+  return b;
+}
+
+// The commit: $WNA16_GIT_COMMIT (scripts/gpu-check sets it where the checkout has no .git), else git.
+std::string git_commit() {
+  if (const char* c = std::getenv("WNA16_GIT_COMMIT"); c && *c) return c;
+  std::string out;
+  if (FILE* p = popen("git rev-parse --short=12 HEAD 2>/dev/null", "r")) {
+    char b[128];
+    while (std::fgets(b, sizeof b, p)) out += b;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out.empty() ? "unknown" : out;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+}  // namespace
+
+int run(const BenchOptions& opts) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+    cudaGetLastError();
+    throw Error("bench --device cuda: no CUDA GPU present");
+  }
+  if (opts.act != DType::BF16 && opts.act != DType::F16)
+    throw Error(std::string("bench: activations must be bf16 or f16, got ") + dtype_name(opts.act));
+  std::vector<std::string> models = opts.models;
+  if (models.empty())
+    for (const auto& n : preset_names())
+      if (n != "small") models.push_back(n);
+  std::vector<int64_t> ms = opts.ms.empty() ? kDefaultMs : opts.ms;
+  for (int64_t M : ms)
+    if (M < 1) throw Error("bench: M=" + std::to_string(M) + " must be >= 1");
+
+  Report rep;
+  rep.date = utc_now();
+  rep.commit = git_commit();
+  rep.scheme = opts.scheme.describe();
+  rep.act = dtype_name(opts.act);
+  {
+    std::vector<std::string> mstr;
+    for (int64_t M : ms) mstr.push_back(std::to_string(M));
+    const QuantScheme& s = opts.scheme;
+    rep.command = "wna16 bench --device cuda --model " + join(models, ",") + " --m " + join(mstr, ",") + " --format " +
+                  format_name(s.format) + " --bits " + std::to_string(s.bits) + " --group-size " +
+                  std::to_string(s.group_size) + (s.sym || s.format == Format::Awq ? "" : " --asym") +
+                  (s.act_order ? " --desc-act" : "") + " --dtype " + rep.act;
+  }
+  rep.cublas_baseline_desc =
+      std::string("cuBLAS ") + rep.act +
+      " GEMMs on dequantized weights (one cublasGemmEx per expert with tokens for GEMM1 and GEMM2 + shared expert, "
+      "graph-captured; GEMMs only, no routing/gather/SiLU/top-k sum)";
+
+  Ctx cx(opts);
+  cx.act_size = dtype_size(opts.act);
+  if (opts.min_seconds > 0) cx.budget_s = opts.min_seconds;
+  int dev = 0;
+  WNA16_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  WNA16_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  cx.ceil.gpu = prop.name;
+  cx.ceil.sm_count = prop.multiProcessorCount;
+  cx.ceil.cc_major = prop.major;
+  cx.ceil.cc_minor = prop.minor;
+  cx.ceil.l2_bytes = prop.l2CacheSize;
+  cx.ceil.mem_bytes = int64_t(prop.totalGlobalMem);
+  WNA16_CUDA_CHECK(cudaStreamCreateWithFlags(&cx.stream, cudaStreamNonBlocking));
+  WNA16_CUBLAS_CHECK(cublasCreate(&cx.cublas));
+  // An explicit cuBLAS workspace: nothing is allocated while a graph is being captured.
+  DevBuf cublas_ws(size_t(64) << 20);
+  WNA16_CUBLAS_CHECK(cublasSetWorkspace(cx.cublas, cublas_ws.get(), cublas_ws.size()));
+  WNA16_CUBLAS_CHECK(cublasSetStream(cx.cublas, cx.stream));
+
+  std::printf("[bench] %s, %d SMs, L2 %.0f MB, %.0f GB; %s, %s activations; commit %s\n", prop.name, prop.multiProcessorCount,
+              double(prop.l2CacheSize) / 1e6, double(prop.totalGlobalMem) / 1e9, rep.scheme.c_str(), rep.act.c_str(),
+              rep.commit.c_str());
+  size_t free_b = 0, total_b = 0;
+  WNA16_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  cx.ceil.read_buffer_bytes = int64_t(std::min<size_t>(size_t(4) << 30, free_b / 4));
+  cx.ceil.read_gbs = measure_read_gbs(size_t(cx.ceil.read_buffer_bytes), 20, cx.stream);
+  cx.ceil.gemm_n = 8192;
+  cx.ceil.gemm_tflops = measure_cublas_bf16_tflops(cx.cublas, cx.ceil.gemm_n, 20, cx.stream);
+  std::printf("[bench] ceilings: read stream %.0f GB/s over %.1f GB; cuBLAS bf16 %d^3 %.0f TFLOP/s\n", cx.ceil.read_gbs,
+              double(cx.ceil.read_buffer_bytes) / 1e9, cx.ceil.gemm_n, cx.ceil.gemm_tflops);
+  rep.ceil = cx.ceil;
+
+  bool failed = false;
+  try {
+    rep.align = bench_align(cx);
+    std::printf("[bench] align E=%d %lld slots block_m=%d: %.2f us\n", rep.align.E, static_cast<long long>(rep.align.slots),
+                rep.align.block_m, rep.align.us);
+  } catch (const std::exception& e) {
+    rep.align.source = std::string("error: ") + e.what();
+    std::printf("[bench] align: %s\n", e.what());
+    failed = failed || std::string(e.what()).find("FAILED") != std::string::npos;
+  }
+
+  for (const auto& name : models) {
+    PresetInfo info;
+    info.name = name;
+    std::vector<CaseResult> cases;
+    try {
+      bench_preset(cx, name, ms, info, cases);
+    } catch (const std::exception& e) {
+      info.error = e.what();
+      info.passed = false;
+      std::printf("[bench] %s: ERROR %s\n", name.c_str(), e.what());
+    }
+    std::fflush(stdout);
+    failed = failed || !info.passed || !info.error.empty();
+    rep.presets.push_back(info);
+    rep.cases.insert(rep.cases.end(), cases.begin(), cases.end());
+  }
+
+  cudaStreamSynchronize(cx.stream);
+  cublasDestroy(cx.cublas);
+  cudaStreamDestroy(cx.stream);
+
+  if (!opts.json_path.empty()) write_json(rep, opts.json_path);
+  if (!opts.csv_path.empty()) write_csv(rep, opts.csv_path);
+  print_table(rep);
+  print_summary(rep);
+  if (!opts.json_path.empty() || !opts.csv_path.empty())
+    std::printf("results: %s%s%s\n", opts.json_path.c_str(), !opts.json_path.empty() && !opts.csv_path.empty() ? ", " : "",
+                opts.csv_path.c_str());
+  std::printf("%s\n", failed ? "FAILED" : "PASSED");
+  std::fflush(stdout);
+  return failed ? 1 : 0;
+}
+
+}  // namespace wna16::cuda::bench
+
+namespace wna16 {
+int run_cuda_bench(const BenchOptions& opts) { return cuda::bench::run(opts); }
+}  // namespace wna16

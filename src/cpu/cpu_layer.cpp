@@ -1,12 +1,381 @@
-// make_cpu_layer: the CPU backend entry point.
-// NOTE: interim: forwards to the scalar baseline until the SIMD backend lands.
-#include "cpu/scalar_baseline.h"
-#include "wna16/backend.h"
+// The SIMD CPU backend: make_cpu_layer. One forward, per chunk of at most kMaxChunkTokens tokens:
+//
+//   A  activations -> float (rounded to the compute dtype) and, when every gate/up linear has the
+//      same kernel K order (no act-order), one prepared row per token (kernels.h: XRow)
+//   B  router logits, fp32 from float64 accumulation (so expert ids match route_reference), and
+//      the sigmoid gate of a Qwen2-style shared expert
+//   -  routing: route_reference itself (exact same ids and weights), then the align step: slots
+//      grouped by expert, ascending slot ids within an expert (align_reference's order)
+//   C  act-order only: each expert's gate/up rows gathered into that linear's K order
+//   D  gate+up: tasks (expert, token range, 64-column block of I); h = silu(g) * u rounded to
+//      the activation dtype, as a GPU writes it between its two GEMMs
+//   E  h rows prepared for each expert's down projection
+//   F  down: tasks (expert, token range, 64-column block of H) -> y per slot
+//   G  out[m] = sum_j weight[m, j] * y[m, j] (+ gate * shared(x)), rounded to the output dtype
+//
+// Work split: tasks are 64-column blocks of one expert's linear, so at M = 1 the (experts x
+// blocks) tasks spread every active weight byte over all threads, each byte read once; at large M
+// each task also loops over the expert's tokens (4 at a time in the kernel), reusing the block's
+// weights from L2, and token ranges are split further only when there are too few blocks.
+#include "cpu/cpu_layer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "cpu/act_io.h"
+#include "cpu/align.h"
+#include "cpu/thread_pool.h"
+#include "wna16/error.h"
+#include "wna16/reference.h"
+
+namespace wna16::cpu {
+
+const Kernels& kernels(Isa isa) {
+  static const Kernels scalar{Isa::Scalar, gemm_block_scalar, router_scalar};
+  static const Kernels avx2{Isa::Avx2, gemm_block_avx2, router_avx2};
+  static const Kernels avx512{Isa::Avx512Bf16, gemm_block_avx512bf16, router_avx512};
+  if (!isa_supported(isa)) throw Error(std::string("CPU ISA ") + isa_name(isa) + " is not supported by this CPU");
+  switch (isa) {
+    case Isa::Scalar: return scalar;
+    case Isa::Avx2: return avx2;
+    case Isa::Avx512Bf16: return avx512;
+  }
+  return scalar;
+}
+
+namespace {
+
+constexpr int64_t kMaxChunkTokens = 4096;  // bounds the per-slot scratch (h and y rows)
+constexpr int kRowsPerCall = 64;           // token rows handed to one kernel call
+constexpr int64_t kRouterExperts = 16;     // experts per router task
+
+// Where one prepared row's parts live inside a row of `stride` bytes (all 64-byte aligned).
+struct RowLayout {
+  int64_t hi = -1, lo = -1, f = -1, xs = 0, stride = 0;
+};
+
+RowLayout row_layout(const PackedLinear& L, bool bf16, bool lo) {
+  RowLayout r;
+  int64_t off = 0;
+  auto take = [&](int64_t bytes) {
+    const int64_t o = off;
+    off += (bytes + 63) / 64 * 64;
+    return o;
+  };
+  if (bf16) {
+    r.hi = take(L.Kp * 2);
+    if (lo) r.lo = take(L.Kp * 2);
+  } else {
+    r.f = take(L.Kp * 4);
+  }
+  r.xs = take(L.num_groups() * 4);
+  r.stride = off;
+  return r;
+}
+
+XRow view_row(const RowLayout& r, const uint8_t* row) {
+  XRow x;
+  if (r.hi >= 0) x.hi = reinterpret_cast<const uint16_t*>(row + r.hi);
+  if (r.lo >= 0) x.lo = reinterpret_cast<const uint16_t*>(row + r.lo);
+  if (r.f >= 0) x.f = reinterpret_cast<const float*>(row + r.f);
+  x.xs = reinterpret_cast<const float*>(row + r.xs);
+  return x;
+}
+
+// Gathers x (original K order) into L's kernel order, in the row format of `r`, with group sums.
+void prep_row(const PackedLinear& L, const RowLayout& r, const float* x, uint8_t* row) {
+  uint16_t* hi = r.hi >= 0 ? reinterpret_cast<uint16_t*>(row + r.hi) : nullptr;
+  uint16_t* lo = r.lo >= 0 ? reinterpret_cast<uint16_t*>(row + r.lo) : nullptr;
+  float* f = r.f >= 0 ? reinterpret_cast<float*>(row + r.f) : nullptr;
+  float* xs = reinterpret_cast<float*>(row + r.xs);
+  for (int64_t gi = 0; gi < L.num_groups(); ++gi) {
+    double sum = 0;
+    const int64_t k0 = L.group_kstart[size_t(gi)], k1 = k0 + L.group_len[size_t(gi)];
+    for (int64_t kp = k0; kp < k1; ++kp) {
+      float v;
+      if (L.identity_k) {
+        v = x[kp];
+      } else {
+        const int32_t k = L.kmap[size_t(kp)];
+        v = k >= 0 ? x[k] : 0.f;
+      }
+      sum += v;
+      if (f) {
+        f[kp] = v;
+      } else {
+        // bf16 activations are exact in hi; f16 ones split exactly into hi + lo.
+        const uint16_t h = float_to_bf16(v);
+        hi[kp] = h;
+        if (lo) lo[kp] = float_to_bf16(v - bf16_to_float(h));
+      }
+    }
+    xs[gi] = float(sum);
+  }
+}
+
+inline float silu(float v) { return v / (1.f + std::exp(-v)); }
+
+}  // namespace
+
+// One expert with tokens in this chunk: positions [begin, begin + count) of the slot order.
+struct CpuMoeLayer::Entry {
+  int64_t expert;  // index into experts_ (E = the shared expert)
+  int64_t begin, count;
+};
+
+CpuMoeLayer::CpuMoeLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w, Isa isa)
+    : spec_(spec), kernels_(&kernels(isa)) {
+  w.validate(spec);
+  router_ = w.router;
+  correction_bias_ = w.correction_bias;
+  shared_gate_ = w.shared_gate;
+  const int64_t E = spec.routing.num_experts;
+  experts_.resize(size_t(E + (w.shared ? 1 : 0)));
+  // Repacking is independent per expert: spread it over the pool.
+  thread_pool().run(int64_t(experts_.size()), [&](int64_t e, int) {
+    const ExpertWeights& src = e < E ? w.experts[size_t(e)] : *w.shared;
+    const std::string who = e < E ? "expert " + std::to_string(e) : std::string("shared expert");
+    try {
+      experts_[size_t(e)] = PackedExpert{pack_linear(unpack(src.gate)), pack_linear(unpack(src.up)),
+                                         pack_linear(unpack(src.down))};
+    } catch (const Error& err) {
+      throw Error(who + ": " + err.what());
+    }
+  });
+  for (const auto& ex : experts_) {
+    shared_x_order_ = shared_x_order_ && ex.gate.same_k_order(experts_[0].gate) && ex.up.same_k_order(experts_[0].gate);
+    max_inter_ = std::max(max_inter_, ex.gate.N);
+  }
+}
+
+int64_t CpuMoeLayer::expert_bytes(int64_t e) const {
+  const PackedExpert& x = experts_.at(size_t(e));
+  return x.gate.checkpoint_bytes() + x.up.checkpoint_bytes() + x.down.checkpoint_bytes();
+}
+
+int64_t CpuMoeLayer::shared_bytes() const {
+  return int64_t(experts_.size()) > spec_.routing.num_experts ? expert_bytes(spec_.routing.num_experts) : 0;
+}
+
+void CpuMoeLayer::forward_host(const void* x, void* out, int64_t M, DType dtype) {
+  check_forward_args(x, out, M, "cpu forward");
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = {};
+  const int64_t H = spec_.hidden;
+  for (int64_t m0 = 0; m0 < M; m0 += kMaxChunkTokens) {
+    const int64_t mc = std::min(kMaxChunkTokens, M - m0);
+    forward_chunk(static_cast<const uint8_t*>(x) + m0 * H * int64_t(dtype_size(dtype)),
+                  static_cast<uint8_t*>(out) + m0 * H * int64_t(dtype_size(dtype)), mc, dtype);
+  }
+}
+
+void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype) {
+  ThreadPool& pool = thread_pool();
+  const int threads = pool.size();
+  const DType act = compute_dtype(dtype);
+  const bool bf16_rows = isa_uses_bf16_rows(kernels_->isa);
+  const bool lo_rows = bf16_rows && act == DType::F16;
+  const int64_t H = spec_.hidden, E = spec_.routing.num_experts;
+  const int k = spec_.routing.top_k;
+  const bool has_shared = int64_t(experts_.size()) > E;
+  const int64_t routed_slots = M * k, S = routed_slots + (has_shared ? M : 0);
+
+  // ---- A: activations to float, and the shared prepared rows --------------------------------
+  xf_.resize(size_t(M * H));
+  const RowLayout xrow = row_layout(experts_[0].gate, bf16_rows, lo_rows);
+  if (shared_x_order_) xprep_.resize(size_t(M * xrow.stride));
+  const int64_t tok_chunk = std::max<int64_t>(1, std::min<int64_t>(64, (M + threads * 4 - 1) / (threads * 4)));
+  pool.run((M + tok_chunk - 1) / tok_chunk, [&](int64_t c, int) {
+    for (int64_t m = c * tok_chunk; m < std::min(M, (c + 1) * tok_chunk); ++m) {
+      for (int64_t h = 0; h < H; ++h) xf_[size_t(m * H + h)] = load_act(x, dtype, m * H + h);
+      if (shared_x_order_) prep_row(experts_[0].gate, xrow, &xf_[size_t(m * H)], &xprep_[size_t(m * xrow.stride)]);
+    }
+  });
+
+  // ---- B: router logits (+ shared expert gate) ----------------------------------------------
+  logits_.resize(size_t(M * E));
+  const int64_t r_tok = 64, r_tasks_e = (E + kRouterExperts - 1) / kRouterExperts;
+  pool.run(((M + r_tok - 1) / r_tok) * r_tasks_e, [&](int64_t t, int) {
+    const int64_t e0 = (t % r_tasks_e) * kRouterExperts, ne = std::min(kRouterExperts, E - e0);
+    const int64_t mb = (t / r_tasks_e) * r_tok;
+    for (int64_t m = mb; m < std::min(M, mb + r_tok); ++m)
+      kernels_->router(&xf_[size_t(m * H)], &router_[size_t(e0 * H)], H, ne, &logits_[size_t(m * E + e0)]);
+  });
+  shared_g_.assign(size_t(M), 1.f);
+  if (spec_.shared_kind == SharedExpertKind::SigmoidGated)
+    for (int64_t m = 0; m < M; ++m) {
+      double d = 0;
+      for (int64_t h = 0; h < H; ++h) d += double(xf_[size_t(m * H + h)]) * double(shared_gate_[size_t(h)]);
+      shared_g_[size_t(m)] = float(1.0 / (1.0 + std::exp(-d)));
+    }
+
+  // ---- routing and align ---------------------------------------------------------------------
+  const Routing r = route_reference(spec_.routing, logits_.data(), M,
+                                    correction_bias_.empty() ? nullptr : correction_bias_.data());
+  // block_m = 1: slot ids grouped by expert, ascending within each; expert_ids[i] is slot i's.
+  const AlignResult al = align_slots(r.ids.data(), routed_slots, int(E), 1);
+  std::vector<int64_t> slot_order(static_cast<size_t>(S));
+  for (int64_t p = 0; p < routed_slots; ++p) slot_order[size_t(p)] = al.sorted_token_ids[size_t(p)];
+  std::vector<Entry> entries;
+  for (int64_t p = 0; p < routed_slots;) {
+    int64_t q = p;
+    while (q < routed_slots && al.expert_ids[size_t(q)] == al.expert_ids[size_t(p)]) ++q;
+    entries.push_back({al.expert_ids[size_t(p)], p, q - p});
+    p = q;
+  }
+  if (has_shared) {
+    for (int64_t m = 0; m < M; ++m) slot_order[size_t(routed_slots + m)] = routed_slots + m;
+    entries.push_back({E, routed_slots, M});
+  }
+  stats_.active_experts += int64_t(entries.size()) - (has_shared ? 1 : 0);
+  for (const Entry& en : entries) stats_.weight_bytes += expert_bytes(en.expert);
+  stats_.weight_bytes += E * H * 4;
+  auto token_of = [&](int64_t slot) { return slot < routed_slots ? slot / k : slot - routed_slots; };
+
+  // ---- C: act-order rows for gate/up (two per position: gate, up) ---------------------------
+  int64_t gu_stride = 0;
+  if (!shared_x_order_) {
+    for (const auto& ex : experts_)
+      gu_stride = std::max({gu_stride, row_layout(ex.gate, bf16_rows, lo_rows).stride,
+                            row_layout(ex.up, bf16_rows, lo_rows).stride});
+    xprep_.resize(size_t(S * 2 * gu_stride));
+    pool.run(int64_t(entries.size()), [&](int64_t i, int) {
+      const Entry& en = entries[size_t(i)];
+      const PackedExpert& ex = experts_[size_t(en.expert)];
+      const RowLayout lg = row_layout(ex.gate, bf16_rows, lo_rows), lu = row_layout(ex.up, bf16_rows, lo_rows);
+      for (int64_t p = en.begin; p < en.begin + en.count; ++p) {
+        const float* xs = &xf_[size_t(token_of(slot_order[size_t(p)]) * H)];
+        prep_row(ex.gate, lg, xs, &xprep_[size_t((2 * p) * gu_stride)]);
+        prep_row(ex.up, lu, xs, &xprep_[size_t((2 * p + 1) * gu_stride)]);
+      }
+    });
+  }
+
+  // Tasks (entry, token range, column block); token ranges split only when blocks are too few.
+  struct Task {
+    int64_t entry, t0, t1, nb;
+  };
+  auto make_tasks = [&](bool down) {
+    int64_t blocks = 0;
+    for (const Entry& en : entries) {
+      const PackedExpert& ex = experts_[size_t(en.expert)];
+      blocks += down ? ex.down.NB : ex.gate.NB;
+    }
+    const int64_t split = std::max<int64_t>(1, (4 * threads + blocks - 1) / std::max<int64_t>(blocks, 1));
+    std::vector<Task> tasks;
+    for (int64_t i = 0; i < int64_t(entries.size()); ++i) {
+      const Entry& en = entries[size_t(i)];
+      const PackedExpert& ex = experts_[size_t(en.expert)];
+      const int64_t nbs = down ? ex.down.NB : ex.gate.NB;
+      const int64_t tb = std::max<int64_t>(4, ((en.count + split - 1) / split + 3) / 4 * 4);
+      for (int64_t nb = 0; nb < nbs; ++nb)
+        for (int64_t t0 = 0; t0 < en.count; t0 += tb) tasks.push_back({i, t0, std::min(en.count, t0 + tb), nb});
+    }
+    return tasks;
+  };
+  tmp_.resize(size_t(threads) * 2 * kRowsPerCall * kBlockN);
+
+  // ---- D: gate + up, SwiGLU, rounded intermediate --------------------------------------------
+  hbuf_.resize(size_t(S * max_inter_));
+  {
+    const std::vector<Task> tasks = make_tasks(false);
+    pool.run(int64_t(tasks.size()), [&](int64_t ti, int worker) {
+      const Task& t = tasks[size_t(ti)];
+      const Entry& en = entries[size_t(t.entry)];
+      const PackedExpert& ex = experts_[size_t(en.expert)];
+      float* g = &tmp_[size_t(worker) * 2 * kRowsPerCall * kBlockN];
+      float* u = g + kRowsPerCall * kBlockN;
+      const RowLayout lg = row_layout(ex.gate, bf16_rows, lo_rows), lu = row_layout(ex.up, bf16_rows, lo_rows);
+      XRow rg[kRowsPerCall], ru[kRowsPerCall];
+      const int64_t I = ex.gate.N, n0 = t.nb * kBlockN, nn = std::min<int64_t>(kBlockN, I - n0);
+      for (int64_t c0 = t.t0; c0 < t.t1; c0 += kRowsPerCall) {
+        const int rows = int(std::min<int64_t>(kRowsPerCall, t.t1 - c0));
+        for (int i = 0; i < rows; ++i) {
+          const int64_t p = en.begin + c0 + i;
+          if (shared_x_order_) {
+            const uint8_t* row = &xprep_[size_t(token_of(slot_order[size_t(p)]) * xrow.stride)];
+            rg[i] = ru[i] = view_row(xrow, row);
+          } else {
+            rg[i] = view_row(lg, &xprep_[size_t((2 * p) * gu_stride)]);
+            ru[i] = view_row(lu, &xprep_[size_t((2 * p + 1) * gu_stride)]);
+          }
+        }
+        kernels_->gemm_block(ex.gate, t.nb, rg, rows, g);
+        kernels_->gemm_block(ex.up, t.nb, ru, rows, u);
+        for (int i = 0; i < rows; ++i) {
+          float* h = &hbuf_[size_t((en.begin + c0 + i) * max_inter_ + n0)];
+          for (int64_t c = 0; c < nn; ++c) {
+            float gv = g[i * kBlockN + c], uv = u[i * kBlockN + c];
+            if (!ex.gate.bias.empty()) gv += ex.gate.bias[size_t(n0 + c)];
+            if (!ex.up.bias.empty()) uv += ex.up.bias[size_t(n0 + c)];
+            h[c] = round_to(act, silu(gv) * uv);
+          }
+        }
+      }
+    });
+  }
+
+  // ---- E: h rows in each down projection's K order -------------------------------------------
+  int64_t h_stride = 0;
+  for (const auto& ex : experts_) h_stride = std::max(h_stride, row_layout(ex.down, bf16_rows, lo_rows).stride);
+  hprep_.resize(size_t(S * h_stride));
+  pool.run(int64_t(entries.size()), [&](int64_t i, int) {
+    const Entry& en = entries[size_t(i)];
+    const PackedExpert& ex = experts_[size_t(en.expert)];
+    const RowLayout ld = row_layout(ex.down, bf16_rows, lo_rows);
+    for (int64_t p = en.begin; p < en.begin + en.count; ++p)
+      prep_row(ex.down, ld, &hbuf_[size_t(p * max_inter_)], &hprep_[size_t(p * h_stride)]);
+  });
+
+  // ---- F: down projection -> y per slot ------------------------------------------------------
+  ybuf_.resize(size_t(S * H));
+  {
+    const std::vector<Task> tasks = make_tasks(true);
+    pool.run(int64_t(tasks.size()), [&](int64_t ti, int worker) {
+      const Task& t = tasks[size_t(ti)];
+      const Entry& en = entries[size_t(t.entry)];
+      const PackedExpert& ex = experts_[size_t(en.expert)];
+      float* y = &tmp_[size_t(worker) * 2 * kRowsPerCall * kBlockN];
+      const RowLayout ld = row_layout(ex.down, bf16_rows, lo_rows);
+      XRow rd[kRowsPerCall];
+      const int64_t n0 = t.nb * kBlockN, nn = std::min<int64_t>(kBlockN, H - n0);
+      for (int64_t c0 = t.t0; c0 < t.t1; c0 += kRowsPerCall) {
+        const int rows = int(std::min<int64_t>(kRowsPerCall, t.t1 - c0));
+        for (int i = 0; i < rows; ++i) rd[i] = view_row(ld, &hprep_[size_t((en.begin + c0 + i) * h_stride)]);
+        kernels_->gemm_block(ex.down, t.nb, rd, rows, y);
+        for (int i = 0; i < rows; ++i) {
+          float* dst = &ybuf_[size_t(slot_order[size_t(en.begin + c0 + i)] * H + n0)];
+          for (int64_t c = 0; c < nn; ++c)
+            dst[c] = y[i * kBlockN + c] + (ex.down.bias.empty() ? 0.f : ex.down.bias[size_t(n0 + c)]);
+        }
+      }
+    });
+  }
+
+  // ---- G: weighted top-k sum (+ shared expert), rounded to the output dtype -----------------
+  pool.run((M + tok_chunk - 1) / tok_chunk, [&](int64_t c, int) {
+    for (int64_t m = c * tok_chunk; m < std::min(M, (c + 1) * tok_chunk); ++m)
+      for (int64_t h = 0; h < H; ++h) {
+        float acc = 0.f;
+        for (int j = 0; j < k; ++j) acc += r.weights[size_t(m * k + j)] * ybuf_[size_t((m * k + j) * H + h)];
+        if (has_shared) acc += shared_g_[size_t(m)] * ybuf_[size_t((routed_slots + m) * H + h)];
+        store_act(out, dtype, m * H + h, acc);
+      }
+  });
+}
+
+std::unique_ptr<CpuMoeLayer> make_cpu_layer_isa(const MoeLayerSpec& spec, const MoeLayerWeights& w, Isa isa) {
+  return std::make_unique<CpuMoeLayer>(spec, w, isa);
+}
+
+}  // namespace wna16::cpu
 
 namespace wna16 {
 
 std::unique_ptr<MoeBackendLayer> make_cpu_layer(const MoeLayerSpec& spec, const MoeLayerWeights& w) {
-  return cpu::make_scalar_baseline(spec, w);
+  return cpu::make_cpu_layer_isa(spec, w, cpu::default_isa());
 }
 
 }  // namespace wna16

@@ -1,0 +1,66 @@
+// The CPU kernels, one build per ISA (isa.h), all reading the layout of packed_linear.h.
+#pragma once
+#include <cstdint>
+
+#include "cpu/isa.h"
+#include "cpu/packed_linear.h"
+
+namespace wna16::cpu {
+
+// One token's activation prepared for one kernel K order (see PackedLinear::kmap), Kp entries:
+//  - bf16 kernels: hi = the activation as bf16 bits; for f16 activations also lo, the exact
+//    bf16 residual (x = hi + lo exactly: f16 has 11 significant bits, bf16 8), else null;
+//  - fp32 kernels: f = the activation as float.
+//  xs: per kernel group, the sum of the group's activations (for the zero-point term).
+struct XRow {
+  const uint16_t* hi = nullptr;
+  const uint16_t* lo = nullptr;
+  const float* f = nullptr;
+  const float* xs = nullptr;
+};
+
+// Plain-data view of one column block, so the ISA-specific code touches no std:: template (the
+// AVX-512/AVX2 files compile their functions for other targets; see kernels_avx512.cpp).
+struct BlockView {
+  const uint8_t* data;        // the block's byte stream
+  int64_t groups;
+  const int64_t* group_kstart;
+  const int64_t* group_len;
+  int bits;
+  bool scales_f16;
+  bool uniform_zero;
+  int32_t zero;
+  int64_t scale_bytes, header_bytes, tile_bytes, step_bytes;
+};
+inline BlockView block_view(const PackedLinear& L, int64_t nb) {
+  return {L.block(nb),          L.num_groups(),  L.group_kstart.data(), L.group_len.data(),
+          L.bits,               L.scale_fmt == ScaleFmt::F16, L.uniform_zero, L.zero,
+          L.scale_bytes(),      L.header_bytes(), L.tile_bytes(), L.step_bytes()};
+}
+
+// Does a kernel of this ISA take bf16 (hi/lo) rows or fp32 rows?
+inline bool isa_uses_bf16_rows(Isa isa) { return isa == Isa::Avx512Bf16; }
+
+// out[t * kBlockN + c] = sum_k x_t[k] W[k, 64 nb + c] for the m rows (no bias), c < 64.
+using GemmBlockFn = void (*)(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out);
+// logits[e] = float(sum_h double(x[h]) * double(w[e * H + h])) for e < E.
+using RouterFn = void (*)(const float* x, const float* w, int64_t H, int64_t E, float* logits);
+
+struct Kernels {
+  Isa isa;
+  GemmBlockFn gemm_block;
+  RouterFn router;
+};
+
+// Throws Error when the ISA is not supported by this CPU.
+const Kernels& kernels(Isa isa);
+
+// Per-ISA entry points (kernels_<isa>.cpp); only call what isa_supported() allows.
+void gemm_block_scalar(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out);
+void router_scalar(const float* x, const float* w, int64_t H, int64_t E, float* logits);
+void gemm_block_avx2(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out);
+void router_avx2(const float* x, const float* w, int64_t H, int64_t E, float* logits);
+void gemm_block_avx512bf16(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out);
+void router_avx512(const float* x, const float* w, int64_t H, int64_t E, float* logits);
+
+}  // namespace wna16::cpu

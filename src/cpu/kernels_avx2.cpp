@@ -1,0 +1,114 @@
+// AVX2 + FMA + F16C kernels: codes expanded to fp32 in registers, 8 lanes, fp32 FMAs. One token
+// at a time (16 ymm registers do not leave room to reuse decoded weights across tokens); the
+// column block's bytes stay in L2 between tokens.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "cpu/kernels.h"
+
+// Everything up to the matching pop is compiled for AVX2 + FMA + F16C. Every standard header is
+// included above: only functions defined inside the region get the target, and no std::
+// template (which the linker could share with code built for the baseline CPU) is defined here.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+namespace wna16::cpu {
+namespace {
+
+void gemm_rows_avx2(const BlockView& v, const XRow* rows, int m, float* out) {
+  const __m256i low4 = _mm256_set1_epi32(0x0F);
+  const __m256i high4 = _mm256_set1_epi32(0xF0);
+  for (int t = 0; t < m; ++t) {
+    float* o = out + int64_t(t) * kBlockN;
+    for (int c = 0; c < kBlockN; c += 8) _mm256_storeu_ps(o + c, _mm256_setzero_ps());
+    const float* x = rows[t].f;
+    const uint8_t* p = v.data;
+    for (int64_t gi = 0; gi < v.groups; ++gi) {
+      const uint8_t* hdr = p;
+      p += v.header_bytes;
+      __m256 acc[8];
+      for (auto& a : acc) a = _mm256_setzero_ps();
+      const int64_t k_end = v.group_kstart[gi] + v.group_len[gi];
+      for (int64_t k0 = v.group_kstart[gi]; k0 < k_end; k0 += kStepK, p += v.step_bytes) {
+        const __m256 x0 = _mm256_broadcast_ss(x + k0), x1 = _mm256_broadcast_ss(x + k0 + 1),
+                     x2 = _mm256_broadcast_ss(x + k0 + 2), x3 = _mm256_broadcast_ss(x + k0 + 3);
+        for (int v8 = 0; v8 < 8; ++v8) {  // 8 groups of 8 columns: tile v8/2, half v8%2
+          const uint8_t* b = p + (v8 >> 1) * v.tile_bytes + 16 * (v8 & 1);
+          // Lane c: byte 2c | byte 2c+1 << 8 = q0 | q2 << 4 | q1 << 8 | q3 << 12.
+          const __m256i d = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+          __m256i q0 = _mm256_and_si256(d, low4), q2 = _mm256_and_si256(_mm256_srli_epi32(d, 4), low4);
+          __m256i q1 = _mm256_and_si256(_mm256_srli_epi32(d, 8), low4), q3 = _mm256_srli_epi32(d, 12);
+          if (v.bits == 8) {  // high nibbles, same arrangement, 32 bytes further
+            const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 32)));
+            q0 = _mm256_or_si256(q0, _mm256_and_si256(_mm256_slli_epi32(h, 4), high4));
+            q2 = _mm256_or_si256(q2, _mm256_and_si256(h, high4));
+            q1 = _mm256_or_si256(q1, _mm256_and_si256(_mm256_srli_epi32(h, 4), high4));
+            q3 = _mm256_or_si256(q3, _mm256_and_si256(_mm256_srli_epi32(h, 8), high4));
+          }
+          __m256 a = acc[v8];
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q0), x0, a);
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q1), x1, a);
+          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q2), x2, a);
+          acc[v8] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q3), x3, a);
+        }
+      }
+      // o += s * (acc - z * xs), once per group and column.
+      const __m256 xs = _mm256_set1_ps(rows[t].xs[gi]);
+      const __m256 zu = _mm256_set1_ps(float(v.zero));
+      for (int v8 = 0; v8 < 8; ++v8) {
+        const __m256 s = v.scales_f16
+                             ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr + 16 * v8)))
+                             : _mm256_loadu_ps(reinterpret_cast<const float*>(hdr) + 8 * v8);
+        const __m256 z = v.uniform_zero ? zu
+                                        : _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                              reinterpret_cast<const __m128i*>(hdr + v.scale_bytes + 8 * v8))));
+        const __m256 r = _mm256_fnmadd_ps(z, xs, acc[v8]);
+        _mm256_storeu_ps(o + 8 * v8, _mm256_fmadd_ps(s, r, _mm256_loadu_ps(o + 8 * v8)));
+      }
+    }
+  }
+}
+
+void router_avx2_impl(const float* x, const float* w, int64_t H, int64_t E, float* logits) {
+  for (int64_t e = 0; e < E; ++e) {
+    const float* wr = w + e * H;
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+    int64_t h = 0;
+    for (; h + 8 <= H; h += 8) {
+      a0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + h)), _mm256_cvtps_pd(_mm_loadu_ps(wr + h)), a0);
+      a1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + h + 4)), _mm256_cvtps_pd(_mm_loadu_ps(wr + h + 4)), a1);
+    }
+    alignas(32) double lanes[4];
+    _mm256_store_pd(lanes, _mm256_add_pd(a0, a1));
+    double acc = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    for (; h < H; ++h) acc += double(x[h]) * double(wr[h]);
+    logits[e] = float(acc);
+  }
+}
+
+}  // namespace
+}  // namespace wna16::cpu
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+
+namespace wna16::cpu {
+
+void gemm_block_avx2(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out) {
+  const BlockView v = block_view(L, nb);
+  gemm_rows_avx2(v, rows, m, out);
+}
+
+void router_avx2(const float* x, const float* w, int64_t H, int64_t E, float* logits) {
+  router_avx2_impl(x, w, H, E, logits);
+}
+
+}  // namespace wna16::cpu

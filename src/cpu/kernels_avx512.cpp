@@ -1,0 +1,189 @@
+// AVX-512 kernels with AVX512_BF16: int4/int8 codes become bf16 (128 + q) in registers with one
+// mask-and-or (see packed_linear.h), and vdpbf16ps multiplies them by broadcast activation pairs
+// with fp32 accumulation: 32 multiply-adds per instruction and no float weight ever stored. Up to
+// 4 tokens share each decoded weight vector.
+
+// NOTE: GCC 12 reports the self-initialised _mm512_undefined_*() inside its own intrinsic headers
+// as maybe-uninitialized once they are inlined; the warning is a known false positive.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/kernels.h"
+
+// Everything up to the matching pop is compiled for AVX-512 + BF16. Every standard header is
+// included above: only functions defined inside the region get the target, and no std::
+// template (which the linker could share with code built for the baseline CPU) is defined here.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c"))), \
+                             apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
+#endif
+
+namespace wna16::cpu {
+namespace {
+
+constexpr int kMaxRows = 4;  // tokens sharing one decoded weight vector (16 accumulators)
+
+inline __m512i bcast_pair(const uint16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);  // the bf16 pair (x[k], x[k+1]) as one 32-bit lane
+  return _mm512_set1_epi32(v);
+}
+
+inline __m512 dot(__m512 acc, __m512i w, __m512i x) {
+  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(w), reinterpret_cast<__m512bh&>(x));
+}
+
+// MR tokens x one 64-column block. INT8: two nibble planes per tile. LO: f16 activations, whose
+// exact bf16 residual is a second dot product into the same accumulator.
+template <int MR, bool INT8, bool LO>
+void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
+  const __m512i nib = _mm512_set1_epi16(0x000F);
+  const __m512i mag = _mm512_set1_epi16(0x4300);    // bf16 128.0: OR a code < 128 into its mantissa
+  const __m512i mag16 = _mm512_set1_epi16(0x4500);  // bf16 2048.0: nibble h gives 16 * (128 + h)
+  // Every decoded weight is q + off: removed with the zero point at the end of each group.
+  const float off = INT8 ? 128.f * 17.f : 128.f;
+  for (int t = 0; t < MR; ++t)
+    for (int c = 0; c < kBlockN; c += 16) _mm512_storeu_ps(out + t * kBlockN + c, _mm512_setzero_ps());
+  const uint8_t* p = v.data;
+  for (int64_t gi = 0; gi < v.groups; ++gi) {
+    const uint8_t* hdr = p;
+    p += v.header_bytes;
+    __m512 acc[MR][kTilesPerBlock];
+    for (int t = 0; t < MR; ++t)
+      for (int j = 0; j < kTilesPerBlock; ++j) acc[t][j] = _mm512_setzero_ps();
+    const int64_t k_begin = v.group_kstart[gi], k_end = k_begin + v.group_len[gi];
+    for (int64_t k = k_begin; k < k_end; k += kStepK, p += v.step_bytes) {
+      // NOTE: a software prefetch a few steps ahead keeps more lines in flight than the L2
+      // streamer alone when two streams (gate and up) alternate.
+      _mm_prefetch(reinterpret_cast<const char*>(p) + 1024, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p) + 1024 + 64, _MM_HINT_T0);
+      if constexpr (INT8) {
+        _mm_prefetch(reinterpret_cast<const char*>(p) + 1024 + 128, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p) + 1024 + 192, _MM_HINT_T0);
+      }
+      for (int j = 0; j < kTilesPerBlock; ++j) {
+        const uint8_t* b = p + j * (INT8 ? 64 : 32);
+        // Words 2c, 2c+1 = bytes 2c, 2c+1: low nibbles pair (k, k+1), high nibbles (k+2, k+3).
+        const __m512i w = _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(b)));
+        const __m512i w01 = _mm512_ternarylogic_epi32(w, nib, mag, 0xEA);  // (w & nib) | mag
+        const __m512i w23 = _mm512_or_si512(_mm512_srli_epi16(w, 4), mag);
+        if constexpr (!INT8) {
+          for (int t = 0; t < MR; ++t) {
+            acc[t][j] = dot(acc[t][j], w01, bcast_pair(rows[t].hi + k));
+            acc[t][j] = dot(acc[t][j], w23, bcast_pair(rows[t].hi + k + 2));
+            if constexpr (LO) {
+              acc[t][j] = dot(acc[t][j], w01, bcast_pair(rows[t].lo + k));
+              acc[t][j] = dot(acc[t][j], w23, bcast_pair(rows[t].lo + k + 2));
+            }
+          }
+        } else {
+          const __m512i h = _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(b + 32)));
+          const __m512i h01 = _mm512_ternarylogic_epi32(h, nib, mag16, 0xEA);
+          const __m512i h23 = _mm512_or_si512(_mm512_srli_epi16(h, 4), mag16);
+          for (int t = 0; t < MR; ++t) {
+            const __m512i xa = bcast_pair(rows[t].hi + k), xb = bcast_pair(rows[t].hi + k + 2);
+            acc[t][j] = dot(acc[t][j], w01, xa);
+            acc[t][j] = dot(acc[t][j], h01, xa);
+            acc[t][j] = dot(acc[t][j], w23, xb);
+            acc[t][j] = dot(acc[t][j], h23, xb);
+            if constexpr (LO) {
+              const __m512i la = bcast_pair(rows[t].lo + k), lb = bcast_pair(rows[t].lo + k + 2);
+              acc[t][j] = dot(acc[t][j], w01, la);
+              acc[t][j] = dot(acc[t][j], h01, la);
+              acc[t][j] = dot(acc[t][j], w23, lb);
+              acc[t][j] = dot(acc[t][j], h23, lb);
+            }
+          }
+        }
+      }
+    }
+    // out += s * (acc - (z + off) * xs), once per group and column.
+    const __m512 zu = _mm512_set1_ps(float(v.zero) + off);
+    for (int j = 0; j < kTilesPerBlock; ++j) {
+      const __m512 s =
+          v.scales_f16 ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(hdr + 32 * j)))
+                       : _mm512_load_ps(reinterpret_cast<const float*>(hdr) + 16 * j);
+      const __m512 zb =
+          v.uniform_zero
+              ? zu
+              : _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                                  _mm_load_si128(reinterpret_cast<const __m128i*>(hdr + v.scale_bytes + 16 * j)))),
+                              _mm512_set1_ps(off));
+      for (int t = 0; t < MR; ++t) {
+        const __m512 r = _mm512_fnmadd_ps(zb, _mm512_set1_ps(rows[t].xs[gi]), acc[t][j]);
+        float* o = out + t * kBlockN + 16 * j;
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(s, r, _mm512_loadu_ps(o)));
+      }
+    }
+  }
+}
+
+template <bool INT8, bool LO>
+void gemm_rows(const BlockView& v, const XRow* rows, int m, float* out) {
+  for (int t0 = 0; t0 < m; t0 += kMaxRows) {
+    const XRow* r = rows + t0;
+    float* o = out + int64_t(t0) * kBlockN;
+    switch (std::min(kMaxRows, m - t0)) {
+      case 1: gemm_mr<1, INT8, LO>(v, r, o); break;
+      case 2: gemm_mr<2, INT8, LO>(v, r, o); break;
+      case 3: gemm_mr<3, INT8, LO>(v, r, o); break;
+      default: gemm_mr<4, INT8, LO>(v, r, o); break;
+    }
+  }
+}
+
+void gemm_dispatch(const BlockView& v, const XRow* rows, int m, float* out) {
+  if (m <= 0) return;
+  const bool lo = rows[0].lo != nullptr;
+  if (v.bits == 8)
+    lo ? gemm_rows<true, true>(v, rows, m, out) : gemm_rows<true, false>(v, rows, m, out);
+  else
+    lo ? gemm_rows<false, true>(v, rows, m, out) : gemm_rows<false, false>(v, rows, m, out);
+}
+
+void router_impl(const float* x, const float* w, int64_t H, int64_t E, float* logits) {
+  for (int64_t e = 0; e < E; ++e) {
+    const float* wr = w + e * H;
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    int64_t h = 0;
+    for (; h + 16 <= H; h += 16) {
+      a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + h)), _mm512_cvtps_pd(_mm256_loadu_ps(wr + h)), a0);
+      a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + h + 8)), _mm512_cvtps_pd(_mm256_loadu_ps(wr + h + 8)),
+                           a1);
+    }
+    double acc = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+    for (; h < H; ++h) acc += double(x[h]) * double(wr[h]);
+    logits[e] = float(acc);
+  }
+}
+
+}  // namespace
+}  // namespace wna16::cpu
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+
+namespace wna16::cpu {
+
+void gemm_block_avx512bf16(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out) {
+  const BlockView v = block_view(L, nb);
+  gemm_dispatch(v, rows, m, out);
+}
+
+void router_avx512(const float* x, const float* w, int64_t H, int64_t E, float* logits) {
+  router_impl(x, w, H, E, logits);
+}
+
+}  // namespace wna16::cpu

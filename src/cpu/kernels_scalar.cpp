@@ -1,0 +1,62 @@
+// Portable scalar kernels over the packed layout: the fallback, and the readable statement of
+// what the SIMD builds compute.
+#include <cstring>
+
+#include "cpu/kernels.h"
+#include "wna16/half.h"
+
+namespace wna16::cpu {
+
+void gemm_block_scalar(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out) {
+  const BlockView v = block_view(L, nb);
+  for (int t = 0; t < m; ++t) {
+    float* o = out + int64_t(t) * kBlockN;
+    for (int c = 0; c < kBlockN; ++c) o[c] = 0.f;
+    const float* x = rows[t].f;
+    const uint8_t* p = v.data;
+    for (int64_t gi = 0; gi < v.groups; ++gi) {
+      const uint8_t* hdr = p;
+      p += v.header_bytes;
+      float acc[kBlockN] = {};
+      const int64_t k_end = v.group_kstart[gi] + v.group_len[gi];
+      for (int64_t k0 = v.group_kstart[gi]; k0 < k_end; k0 += kStepK) {
+        const float x0 = x[k0], x1 = x[k0 + 1], x2 = x[k0 + 2], x3 = x[k0 + 3];
+        for (int tile = 0; tile < kTilesPerBlock; ++tile, p += v.tile_bytes)
+          for (int j = 0; j < kTileN; ++j) {
+            uint32_t q0 = p[2 * j] & 15u, q2 = p[2 * j] >> 4, q1 = p[2 * j + 1] & 15u, q3 = p[2 * j + 1] >> 4;
+            if (v.bits == 8) {  // high nibbles follow the low ones
+              q0 |= (p[32 + 2 * j] & 15u) << 4;
+              q2 |= (p[32 + 2 * j] >> 4) << 4;
+              q1 |= (p[32 + 2 * j + 1] & 15u) << 4;
+              q3 |= (p[32 + 2 * j + 1] >> 4) << 4;
+            }
+            acc[tile * kTileN + j] += x0 * float(q0) + x1 * float(q1) + x2 * float(q2) + x3 * float(q3);
+          }
+      }
+      // Scale and zero point once per group and column: s * (sum x q - z * sum x).
+      const float xs = rows[t].xs[gi];
+      for (int c = 0; c < kBlockN; ++c) {
+        float s;
+        if (v.scales_f16) {
+          uint16_t h;
+          std::memcpy(&h, hdr + 2 * c, 2);
+          s = f16_to_float(h);
+        } else {
+          std::memcpy(&s, hdr + 4 * c, 4);
+        }
+        const float z = float(v.uniform_zero ? v.zero : int32_t(hdr[v.scale_bytes + c]));
+        o[c] += s * (acc[c] - z * xs);
+      }
+    }
+  }
+}
+
+void router_scalar(const float* x, const float* w, int64_t H, int64_t E, float* logits) {
+  for (int64_t e = 0; e < E; ++e) {
+    double acc = 0;
+    for (int64_t h = 0; h < H; ++h) acc += double(x[h]) * double(w[e * H + h]);
+    logits[e] = float(acc);
+  }
+}
+
+}  // namespace wna16::cpu

@@ -1,0 +1,147 @@
+// Repacking UnpackedLinear into the CPU layout described in packed_linear.h.
+#include "cpu/packed_linear.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+
+#include "wna16/error.h"
+#include "wna16/half.h"
+
+namespace wna16::cpu {
+
+AlignedBytes aligned_bytes(size_t n) {
+  const size_t rounded = (std::max<size_t>(n, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw Error("cpu backend: out of memory allocating " + std::to_string(rounded) + " bytes");
+  std::memset(p, 0, rounded);
+  return AlignedBytes(static_cast<uint8_t*>(p));
+}
+
+bool PackedLinear::same_k_order(const PackedLinear& o) const {
+  return K == o.K && Kp == o.Kp && identity_k == o.identity_k && kmap == o.kmap &&
+         group_kstart == o.group_kstart && group_len == o.group_len;
+}
+
+int64_t PackedLinear::checkpoint_bytes() const {
+  const int64_t G = num_groups();
+  return K * N * bits / 8 + G * N * 2 + (uniform_zero ? 0 : G * N * bits / 8);
+}
+
+PackedLinear pack_linear(const UnpackedLinear& u) {
+  const int64_t K = u.K, N = u.N, G = u.groups;
+  auto fail = [&](const std::string& what) {
+    throw Error("cpu backend: linear [K=" + std::to_string(K) + ", N=" + std::to_string(N) + "]: " + what);
+  };
+  if (u.bits != 4 && u.bits != 8)
+    fail("bits=" + std::to_string(u.bits) + " is not supported (the CPU kernels take 4 or 8)");
+  if (K <= 0 || N <= 0 || G <= 0) fail("groups=" + std::to_string(G) + " (all of K, N, groups must be positive)");
+  if (int64_t(u.q.size()) != K * N) fail("q has " + std::to_string(u.q.size()) + " codes, expected K*N");
+  if (int64_t(u.zeros.size()) != G * N || int64_t(u.scales.size()) != G * N)
+    fail("zeros/scales have " + std::to_string(u.zeros.size()) + "/" + std::to_string(u.scales.size()) +
+         " values, expected groups*N=" + std::to_string(G * N));
+  if (int64_t(u.g_idx.size()) != K) fail("g_idx has " + std::to_string(u.g_idx.size()) + " entries, expected K");
+  if (!u.bias.empty() && int64_t(u.bias.size()) != N) fail("bias has " + std::to_string(u.bias.size()) + " values");
+  const int qmax = (1 << u.bits) - 1;
+  for (int64_t k = 0; k < K; ++k)
+    if (u.g_idx[size_t(k)] < 0 || u.g_idx[size_t(k)] >= G)
+      fail("g_idx[" + std::to_string(k) + "]=" + std::to_string(u.g_idx[size_t(k)]) + " is outside [0, " +
+           std::to_string(G) + ")");
+  for (size_t i = 0; i < u.zeros.size(); ++i)
+    if (u.zeros[i] < 0 || u.zeros[i] > qmax)
+      fail("zero point " + std::to_string(u.zeros[i]) + " at [" + std::to_string(int64_t(i) / N) + ", " +
+           std::to_string(int64_t(i) % N) + "] is outside [0, " + std::to_string(qmax) + "]");
+
+  PackedLinear p;
+  p.bits = u.bits;
+  p.K = K;
+  p.N = N;
+  p.NB = (N + kBlockN - 1) / kBlockN;
+  p.bias = u.bias;
+
+  // Kernel K order: channels sorted by group (stable), each group padded to a multiple of 4.
+  std::vector<int32_t> order(static_cast<size_t>(K));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return u.g_idx[size_t(a)] < u.g_idx[size_t(b)]; });
+  std::vector<int32_t> group_of;  // original group of each kernel group
+  for (int64_t i = 0; i < K;) {
+    const int32_t g = u.g_idx[size_t(order[size_t(i)])];
+    int64_t j = i;
+    while (j < K && u.g_idx[size_t(order[size_t(j)])] == g) ++j;
+    p.group_kstart.push_back(int64_t(p.kmap.size()));
+    for (int64_t t = i; t < j; ++t) p.kmap.push_back(order[size_t(t)]);
+    while (p.kmap.size() % kStepK) p.kmap.push_back(-1);
+    p.group_len.push_back(int64_t(p.kmap.size()) - p.group_kstart.back());
+    group_of.push_back(g);
+    i = j;
+  }
+  p.Kp = int64_t(p.kmap.size());
+  p.identity_k = p.Kp == K;
+  for (int64_t k = 0; p.identity_k && k < K; ++k) p.identity_k = p.kmap[size_t(k)] == k;
+  if (p.identity_k) p.kmap.clear();
+
+  // Scales: f16 when every one is exactly an f16 (always, for GPTQ/AWQ files), else f32.
+  p.scale_fmt = ScaleFmt::F16;
+  for (float s : u.scales)
+    if (!(f16_to_float(float_to_f16(s)) == s)) {
+      p.scale_fmt = ScaleFmt::F32;
+      break;
+    }
+  p.zero = u.zeros[0];
+  p.uniform_zero = std::all_of(u.zeros.begin(), u.zeros.end(), [&](int32_t z) { return z == p.zero; });
+
+  int64_t bytes = 0;
+  for (int64_t len : p.group_len) bytes += p.header_bytes() + len / kStepK * p.step_bytes();
+  p.block_bytes = (bytes + 63) / 64 * 64;
+  p.data = aligned_bytes(size_t(p.NB * p.block_bytes));
+
+  auto code = [&](int64_t kp, int64_t n) -> uint32_t {
+    if (n >= N) return 0;
+    const int32_t k = p.identity_k ? int32_t(kp) : p.kmap[size_t(kp)];
+    if (k < 0) return 0;
+    const uint32_t c = u.q[size_t(k * N + n)];
+    if (int(c) > qmax) fail("code " + std::to_string(c) + " at [" + std::to_string(k) + ", " + std::to_string(n) +
+                            "] does not fit " + std::to_string(u.bits) + " bits");
+    return c;
+  };
+  for (int64_t nb = 0; nb < p.NB; ++nb) {
+    uint8_t* out = p.data.get() + nb * p.block_bytes;
+    for (size_t gi = 0; gi < p.group_len.size(); ++gi) {
+      const int64_t g = group_of[gi];
+      for (int c = 0; c < kBlockN; ++c) {
+        const int64_t n = nb * kBlockN + c;
+        const float s = n < N ? u.scales[size_t(g * N + n)] : 0.f;
+        if (p.scale_fmt == ScaleFmt::F16) {
+          const uint16_t h = float_to_f16(s);
+          std::memcpy(out + 2 * c, &h, 2);
+        } else {
+          std::memcpy(out + 4 * c, &s, 4);
+        }
+        if (!p.uniform_zero) out[p.scale_bytes() + c] = n < N ? uint8_t(u.zeros[size_t(g * N + n)]) : 0;
+      }
+      out += p.header_bytes();
+      const int64_t k_begin = p.group_kstart[gi];
+      for (int64_t k0 = k_begin; k0 < k_begin + p.group_len[gi]; k0 += kStepK) {
+        for (int tile = 0; tile < kTilesPerBlock; ++tile) {
+          for (int j = 0; j < kTileN; ++j) {
+            const int64_t n = nb * kBlockN + tile * kTileN + j;
+            const uint32_t q0 = code(k0, n), q1 = code(k0 + 1, n), q2 = code(k0 + 2, n), q3 = code(k0 + 3, n);
+            // Low nibbles (the whole code for int4) first, then for int8 the high nibbles.
+            out[2 * j] = uint8_t((q0 & 15) | (q2 & 15) << 4);
+            out[2 * j + 1] = uint8_t((q1 & 15) | (q3 & 15) << 4);
+            if (u.bits == 8) {
+              out[32 + 2 * j] = uint8_t((q0 >> 4) | (q2 >> 4) << 4);
+              out[32 + 2 * j + 1] = uint8_t((q1 >> 4) | (q3 >> 4) << 4);
+            }
+          }
+          out += p.tile_bytes();
+        }
+      }
+    }
+  }
+  return p;
+}
+
+}  // namespace wna16::cpu

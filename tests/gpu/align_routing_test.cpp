@@ -1,0 +1,559 @@
+// GPU align and routing kernels against the CPU reference (wna16/reference.h): align bit for bit,
+// routing ids exactly and weights within 1e-6 relative. Outputs are poisoned before every launch;
+// graph capture then replay with new inputs must equal the eager call.
+#include "gpu/gpu_test_util.h"
+
+#ifdef WNA16_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/align_bench.h"
+#include "wna16/cuda_kernels.h"
+#include "wna16/error.h"
+#include "wna16/half.h"
+#include "wna16/reference.h"
+
+using namespace wna16;
+
+namespace {
+
+constexpr unsigned char kPoison = 0xA5;  // int32 0xA5A5A5A5 < 0 and fp32 -2.9e-16: never a valid output
+
+// A device buffer that frees itself; n may be 0.
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) {
+    if (cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) {
+      p = nullptr;
+      ADD_FAILURE() << "cudaMalloc of " << count * sizeof(T) << " bytes failed";
+    }
+  }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void poison() { EXPECT_EQ(cudaMemset(p, kPoison, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess); }
+  void upload(const std::vector<T>& v) {
+    ASSERT_EQ(v.size(), n);
+    if (n) {
+      EXPECT_EQ(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(n);
+    if (n) {
+      EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return v;
+  }
+};
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// Index of the first difference, or -1.
+template <typename T>
+int64_t first_mismatch(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return int64_t(i);
+  return -1;
+}
+
+// ---- align ------------------------------------------------------------------------------------
+
+struct AlignBuffers {
+  DevBuf<int32_t> ids, sorted, experts, post;
+  AlignBuffers(int64_t num_slots, int E, int block_m)
+      : ids(size_t(num_slots)),
+        sorted(size_t(max_padded_slots(num_slots, E, block_m))),
+        experts(size_t(max_align_blocks(num_slots, E, block_m))),
+        post(1) {}
+  void poison() {
+    sorted.poison();
+    experts.poison();
+    post.poison();
+  }
+};
+
+void launch_align_on(AlignBuffers& b, int64_t num_slots, int E, int block_m, cudaStream_t s) {
+  cuda::launch_align(b.ids.p, num_slots, E, block_m, b.sorted.p, b.experts.p, b.post.p, s);
+}
+
+// Compares the device outputs with align_reference; returns an empty string when equal.
+std::string compare_align(const AlignBuffers& b, const std::vector<int32_t>& ids, int E, int block_m) {
+  const AlignResult ref = align_reference(ids.data(), int64_t(ids.size()), E, block_m);
+  const auto sorted = b.sorted.download();
+  const auto experts = b.experts.download();
+  const auto post = b.post.download();
+  char buf[256];
+  if (post[0] != ref.num_tokens_post_padded) {
+    std::snprintf(buf, sizeof buf, "num_tokens_post_padded %d, expected %d", post[0], ref.num_tokens_post_padded);
+    return buf;
+  }
+  if (int64_t i = first_mismatch(sorted, ref.sorted_token_ids); i >= 0) {
+    std::snprintf(buf, sizeof buf, "sorted_token_ids[%lld] = %d, expected %d (length %zu)", (long long)i,
+                  sorted[size_t(i)], ref.sorted_token_ids[size_t(i)], sorted.size());
+    return buf;
+  }
+  if (int64_t i = first_mismatch(experts, ref.expert_ids); i >= 0) {
+    std::snprintf(buf, sizeof buf, "expert_ids[%lld] = %d, expected %d (length %zu)", (long long)i,
+                  experts[size_t(i)], ref.expert_ids[size_t(i)], experts.size());
+    return buf;
+  }
+  return "";
+}
+
+enum class Dist { Uniform, EvenExpertsOnly, OneExpert, LastExpert, Skewed, Ascending, DistinctPerToken };
+const char* dist_name(Dist d) {
+  switch (d) {
+    case Dist::Uniform: return "uniform";
+    case Dist::EvenExpertsOnly: return "even-experts-only";
+    case Dist::OneExpert: return "one-expert";
+    case Dist::LastExpert: return "last-expert";
+    case Dist::Skewed: return "skewed";
+    case Dist::Ascending: return "ascending";
+    case Dist::DistinctPerToken: return "distinct-per-token";
+  }
+  return "?";
+}
+
+std::vector<int32_t> make_ids(Dist d, int64_t n, int E, std::mt19937_64& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::uniform_int_distribution<int32_t> any(0, E - 1);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  const int32_t one = any(rng);
+  for (int64_t s = 0; s < n; ++s) {
+    int32_t v = 0;
+    switch (d) {
+      case Dist::Uniform: v = any(rng); break;
+      case Dist::EvenExpertsOnly: v = (any(rng) / 2) * 2; break;  // odd experts get no slot
+      case Dist::OneExpert: v = one; break;
+      case Dist::LastExpert: v = E - 1; break;
+      case Dist::Skewed: v = std::min<int32_t>(E - 1, int32_t(E * std::pow(u(rng), 4.0))); break;
+      case Dist::Ascending: v = int32_t(s * E / std::max<int64_t>(n, 1)); break;
+      case Dist::DistinctPerToken: v = any(rng); break;  // fixed below
+    }
+    ids[size_t(s)] = v;
+  }
+  if (d == Dist::DistinctPerToken) {  // top_k = min(8, E) distinct experts per token, as routing gives
+    const int k = std::min(8, E);
+    for (int64_t t = 0; t * k < n; ++t) {
+      for (int j = 0; j < k && t * k + j < n; ++j) {
+        int32_t v;
+        bool seen;
+        do {  // rejection: at most 8 draws out of E, cheap even for E = 8
+          v = any(rng);
+          seen = false;
+          for (int i = 0; i < j; ++i) seen = seen || ids[size_t(t * k + i)] == v;
+        } while (seen);
+        ids[size_t(t * k + j)] = v;
+      }
+    }
+  }
+  return ids;
+}
+
+void check_align_case(int64_t n, int E, int block_m, Dist d, std::mt19937_64& rng, cudaStream_t s) {
+  const auto ids = make_ids(d, n, E, rng);
+  AlignBuffers b(n, E, block_m);
+  b.ids.upload(ids);
+  b.poison();
+  launch_align_on(b, n, E, block_m, s);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamSynchronize(s));
+  const std::string err = compare_align(b, ids, E, block_m);
+  EXPECT_EQ(err, "") << "E=" << E << " block_m=" << block_m << " num_slots=" << n << " ids=" << dist_name(d);
+}
+
+class AlignGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+  std::mt19937_64 rng_{20261130};
+};
+
+TEST_F(AlignGpu, MatchesReferenceAcrossExpertsBlockSizesAndSlots) {
+  WNA16_REQUIRE_GPU();
+  for (int E : {1, 8, 64, 256, 512})
+    for (int block_m : {1, 8, 16, 64, 128})
+      for (int64_t n : {int64_t(1), int64_t(5), int64_t(100), int64_t(1000), int64_t(4099), int64_t(32768),
+                        int64_t(100003), int64_t(262144)})
+        check_align_case(n, E, block_m, Dist::Uniform, rng_, stream_);
+}
+
+TEST_F(AlignGpu, ZeroTokenExpertsOneExpertAndSkew) {
+  WNA16_REQUIRE_GPU();
+  for (Dist d : {Dist::EvenExpertsOnly, Dist::OneExpert, Dist::LastExpert, Dist::Skewed, Dist::Ascending,
+                 Dist::DistinctPerToken})
+    for (int E : {1, 8, 64, 256, 512})
+      for (int block_m : {1, 16, 128})
+        for (int64_t n : {int64_t(1), int64_t(3), int64_t(17 * 8), int64_t(4096), int64_t(65537)})
+          check_align_case(n, E, block_m, d, rng_, stream_);
+}
+
+TEST_F(AlignGpu, ThousandExpertsAndOddBlockSizes) {
+  WNA16_REQUIRE_GPU();
+  for (int E : {3, 60, 160, 1000, 1024})
+    for (int block_m : {2, 3, 48, 256})
+      for (int64_t n : {int64_t(7), int64_t(8192), int64_t(300001)})
+        check_align_case(n, E, block_m, Dist::Uniform, rng_, stream_);
+}
+
+TEST_F(AlignGpu, TwoToThe24Slots) {
+  WNA16_REQUIRE_GPU();
+  check_align_case(int64_t(1) << 24, 1024, 128, Dist::Uniform, rng_, stream_);
+  check_align_case(int64_t(1) << 24, 256, 1, Dist::DistinctPerToken, rng_, stream_);
+}
+
+TEST_F(AlignGpu, NoSlots) {
+  WNA16_REQUIRE_GPU();
+  // num_slots = 0: every entry is the sentinel 0, every block -1, the padded total 0.
+  for (int block_m : {1, 16}) {
+    AlignBuffers b(0, 8, block_m);
+    b.poison();
+    launch_align_on(b, 0, 8, block_m, stream_);
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    EXPECT_EQ(compare_align(b, {}, 8, block_m), "") << "block_m=" << block_m;
+  }
+}
+
+TEST_F(AlignGpu, GraphReplayWithNewIdsEqualsEager) {
+  WNA16_REQUIRE_GPU();
+  const int E = 256, block_m = 64;
+  const int64_t n = 4096 * 8;
+  AlignBuffers g(n, E, block_m), e(n, E, block_m);
+  auto first = make_ids(Dist::DistinctPerToken, n, E, rng_);
+  g.ids.upload(first);
+  g.poison();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+  launch_align_on(g, n, E, block_m, stream_);
+  CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphLaunch(exec, stream_));
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  EXPECT_EQ(compare_align(g, first, E, block_m), "") << "first replay";
+  for (Dist d : {Dist::Uniform, Dist::OneExpert, Dist::EvenExpertsOnly}) {
+    const auto ids = make_ids(d, n, E, rng_);
+    g.ids.upload(ids);
+    g.poison();
+    CUDA_OK(cudaGraphLaunch(exec, stream_));
+    e.ids.upload(ids);
+    e.poison();
+    launch_align_on(e, n, E, block_m, stream_);
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    EXPECT_EQ(g.sorted.download(), e.sorted.download()) << dist_name(d);
+    EXPECT_EQ(g.experts.download(), e.experts.download()) << dist_name(d);
+    EXPECT_EQ(g.post.download(), e.post.download()) << dist_name(d);
+    EXPECT_EQ(compare_align(g, ids, E, block_m), "") << "replay, " << dist_name(d);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST_F(AlignGpu, RefusesBadArgumentsNamingTheValue) {
+  WNA16_REQUIRE_GPU();
+  AlignBuffers b(16, 8, 4);
+  auto call = [&](int64_t n, int E, int bm) { cuda::launch_align(b.ids.p, n, E, bm, b.sorted.p, b.experts.p, b.post.p, stream_); };
+  EXPECT_NE(error_of([&] { call(16, 0, 4); }).find("E=0"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(16, -3, 4); }).find("E=-3"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(16, 2000, 4); }).find("E=2000"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(16, 8, 0); }).find("block_m=0"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(-1, 8, 4); }).find("num_slots=-1"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(int64_t(1) << 31, 8, 4); }).find("num_slots=2147483648"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              cuda::launch_align(nullptr, 16, 8, 4, b.sorted.p, b.experts.p, b.post.p, stream_);
+            }).find("topk_ids is null"),
+            std::string::npos);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+}
+
+TEST(AlignGpuBench, PrintsMicroseconds) {
+  WNA16_REQUIRE_GPU();
+  struct Case { int E; int64_t n; int bm; };
+  for (const Case c : {Case{256, 32768, 16}, Case{256, 32768, 64}, Case{256, 32768, 128}, Case{8, 2, 16},
+                       Case{256, 8, 16}, Case{128, 8192, 64}, Case{512, 262144, 64}, Case{512, 262144, 128},
+                       Case{1024, 262144, 128}, Case{256, int64_t(1) << 24, 128}}) {
+    const double us = cuda::bench_align_us(c.E, c.n, c.bm);
+    std::printf("[align bench] E=%d num_slots=%lld block_m=%d: %.2f us\n", c.E, (long long)c.n, c.bm, us);
+    EXPECT_GT(us, 0.0);
+  }
+}
+
+// ---- routing ----------------------------------------------------------------------------------
+
+RoutingConfig routing(RoutingMethod m, int E, int k, bool renorm, int n_group = 1, int topk_group = 1,
+                      double scale = 1.0) {
+  RoutingConfig c;
+  c.method = m;
+  c.num_experts = E;
+  c.top_k = k;
+  c.renormalize = renorm;
+  c.n_group = n_group;
+  c.topk_group = topk_group;
+  c.routed_scaling_factor = scale;
+  return c;
+}
+
+std::string describe(const RoutingConfig& c) {
+  return std::string(routing_name(c.method)) + " E=" + std::to_string(c.num_experts) + " k=" + std::to_string(c.top_k) +
+         " renorm=" + std::to_string(c.renormalize) + " n_group=" + std::to_string(c.n_group) +
+         " topk_group=" + std::to_string(c.topk_group) + " scale=" + std::to_string(c.routed_scaling_factor);
+}
+
+// The logits as the GPU reads them (dtype) and as fp32 values for the reference (the same numbers).
+struct Logits {
+  std::vector<float> f32;        // what the reference sees
+  std::vector<uint16_t> half16;  // bf16 or fp16 bits, when dtype is not F32
+};
+
+float rounded(DType t, float v) { return round_to(t, v); }
+
+// NOTE on near-ties: softmax and group_limited_greedy choose on the logits themselves (exp is
+// monotonic), so fp32 and double agree exactly on any data, exact ties included. noaux_tc chooses on
+// sigmoid(l) + bias, which fp32 rounds differently than double (a few 1e-7): a token whose keys
+// (or group scores) come within 2e-6 (4e-6) of each other is redrawn, so a boundary can never sit
+// inside the rounding noise. Exact ties for noaux_tc are tested on their own (integer logits, no bias).
+bool noaux_well_separated(const float* l, const float* bias, int E, int n_group) {
+  std::vector<double> key(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) key[size_t(e)] = 1.0 / (1.0 + std::exp(-double(l[e]))) + double(bias[e]);
+  const int per = E / n_group;
+  std::vector<double> gs;
+  for (int g = 0; g < n_group; ++g) {
+    std::vector<double> grp(key.begin() + g * per, key.begin() + (g + 1) * per);
+    std::sort(grp.rbegin(), grp.rend());
+    gs.push_back(grp[0] + grp[1]);
+  }
+  std::sort(key.begin(), key.end());
+  for (size_t i = 1; i < key.size(); ++i)
+    if (key[i] - key[i - 1] < 2e-6) return false;
+  std::sort(gs.begin(), gs.end());
+  for (size_t i = 1; i < gs.size(); ++i)
+    if (gs[i] - gs[i - 1] < 4e-6) return false;
+  return true;
+}
+
+Logits make_logits(const RoutingConfig& c, DType dtype, int64_t M, const std::vector<float>& bias, std::mt19937_64& rng) {
+  const int E = c.num_experts;
+  std::normal_distribution<float> nd(0.f, c.method == RoutingMethod::NoauxTc ? 1.f : 2.f);
+  Logits L;
+  L.f32.resize(size_t(M * E));
+  for (int64_t m = 0; m < M; ++m) {
+    float* row = L.f32.data() + m * E;
+    for (int tries = 0;; ++tries) {
+      for (int e = 0; e < E; ++e) row[e] = rounded(dtype, nd(rng));
+      if (c.method != RoutingMethod::NoauxTc || noaux_well_separated(row, bias.data(), E, c.n_group)) break;
+      if (tries > 10000) {
+        ADD_FAILURE() << "could not draw well-separated noaux_tc logits for " << describe(c);
+        break;
+      }
+    }
+  }
+  if (dtype != DType::F32) {
+    L.half16.resize(L.f32.size());
+    for (size_t i = 0; i < L.f32.size(); ++i)
+      L.half16[i] = dtype == DType::BF16 ? float_to_bf16(L.f32[i]) : float_to_f16(L.f32[i]);
+  }
+  return L;
+}
+
+std::vector<float> make_bias(int E, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.f, 0.1f);
+  std::vector<float> b(static_cast<size_t>(E));
+  for (auto& v : b) v = nd(rng);
+  return b;
+}
+
+struct RoutingRun {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+// Uploads, poisons the outputs, launches on the stream (or captures and replays when graph), downloads.
+RoutingRun run_routing(const RoutingConfig& c, DType dtype, int64_t M, const Logits& L, const std::vector<float>& bias,
+                       cudaStream_t s) {
+  const int E = c.num_experts, k = c.top_k;
+  DevBuf<float> lf(dtype == DType::F32 ? size_t(M * E) : 0);
+  DevBuf<uint16_t> lh(dtype == DType::F32 ? 0 : size_t(M * E));
+  DevBuf<float> db{size_t(E)};
+  DevBuf<int32_t> ids(size_t(M * k));
+  DevBuf<float> w(size_t(M * k));
+  if (dtype == DType::F32) lf.upload(L.f32); else lh.upload(L.half16);
+  db.upload(bias);
+  ids.poison();
+  w.poison();
+  const void* logits = dtype == DType::F32 ? static_cast<const void*>(lf.p) : static_cast<const void*>(lh.p);
+  cuda::launch_routing(c, logits, dtype, M, c.method == RoutingMethod::NoauxTc ? db.p : nullptr, ids.p, w.p, s);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  return {ids.download(), w.download()};
+}
+
+void expect_routing_matches(const RoutingConfig& c, DType dtype, int64_t M, const Logits& L,
+                            const std::vector<float>& bias, const RoutingRun& got, const std::string& what) {
+  const Routing ref = route_reference(c, L.f32.data(), M, bias.data());
+  int bad = 0;
+  for (int64_t i = 0; i < M * c.top_k && bad < 5; ++i) {
+    const float rw = ref.weights[size_t(i)], gw = got.weights[size_t(i)];
+    const bool id_ok = got.ids[size_t(i)] == ref.ids[size_t(i)];
+    const bool w_ok = std::fabs(double(gw) - double(rw)) <= 1e-6 * std::fabs(double(rw));
+    if (!id_ok || !w_ok) {
+      ++bad;
+      ADD_FAILURE() << what << " " << describe(c) << " dtype=" << dtype_name(dtype) << " M=" << M << ": token "
+                    << i / c.top_k << " choice " << i % c.top_k << ": id " << got.ids[size_t(i)] << " weight " << gw
+                    << ", expected id " << ref.ids[size_t(i)] << " weight " << rw;
+    }
+  }
+}
+
+std::vector<RoutingConfig> routing_configs() {
+  using RM = RoutingMethod;
+  return {
+      routing(RM::SoftmaxTopK, 8, 2, true),                  // Mixtral
+      routing(RM::SoftmaxTopK, 60, 4, false),                // Qwen1.5-MoE
+      routing(RM::SoftmaxTopK, 128, 8, true),                // Qwen3-30B-A3B
+      routing(RM::SoftmaxTopK, 1, 1, true),
+      routing(RM::SoftmaxTopK, 33, 5, false),                // E just past one warp
+      routing(RM::SoftmaxTopK, 512, 16, false),
+      routing(RM::SoftmaxTopK, 1024, 32, true),
+      routing(RM::GroupLimitedGreedy, 64, 6, false, 1, 1, 1.0),     // DeepSeek-V2-Lite (greedy)
+      routing(RM::GroupLimitedGreedy, 160, 6, false, 8, 3, 16.0),   // DeepSeek-V2
+      routing(RM::GroupLimitedGreedy, 160, 6, true, 8, 3, 16.0),
+      routing(RM::GroupLimitedGreedy, 512, 16, true, 16, 4, 1.0),
+      routing(RM::NoauxTc, 256, 8, true, 8, 4, 2.5),                // DeepSeek-V3
+      routing(RM::NoauxTc, 256, 8, false, 8, 4, 2.5),
+      routing(RM::NoauxTc, 64, 6, true, 1, 1, 1.0),
+      routing(RM::NoauxTc, 512, 16, true, 16, 8, 1.5),
+      routing(RM::NoauxTc, 96, 4, true, 32, 2, 1.0),                 // 32 groups of 3
+  };
+}
+
+class RoutingGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+  std::mt19937_64 rng_{7};
+};
+
+TEST_F(RoutingGpu, EveryVariantAndDtypeMatchesReference) {
+  WNA16_REQUIRE_GPU();
+  for (const RoutingConfig& c : routing_configs())
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16})
+      for (int64_t M : {int64_t(1), int64_t(3), int64_t(17), int64_t(118), int64_t(1024)}) {
+        const auto bias = make_bias(c.num_experts, rng_);
+        const Logits L = make_logits(c, dtype, M, bias, rng_);
+        const RoutingRun got = run_routing(c, dtype, M, L, bias, stream_);
+        expect_routing_matches(c, dtype, M, L, bias, got, "random");
+      }
+}
+
+TEST_F(RoutingGpu, ExactTiesGoToTheLowerIndex) {
+  WNA16_REQUIRE_GPU();
+  // Integer logits in {0..3} (plenty of exact ties, no near-ties) and all-equal rows; no bias, so
+  // noaux_tc's keys tie exactly too.
+  for (const RoutingConfig& c : routing_configs()) {
+    const int E = c.num_experts;
+    const int64_t M = 64;
+    std::vector<float> bias(size_t(E), 0.f);
+    Logits L;
+    L.f32.resize(size_t(M * E));
+    std::uniform_int_distribution<int> small(0, 3);
+    for (int64_t m = 0; m < M; ++m)
+      for (int e = 0; e < E; ++e) L.f32[size_t(m * E + e)] = m < 4 ? 1.5f : float(small(rng_));
+    const RoutingRun got = run_routing(c, DType::F32, M, L, bias, stream_);
+    expect_routing_matches(c, DType::F32, M, L, bias, got, "ties");
+    // An all-equal row picks 0..k-1 (lowest groups first for the grouped methods).
+    for (int j = 0; j < c.top_k; ++j) EXPECT_EQ(got.ids[size_t(j)], j) << describe(c);
+  }
+}
+
+TEST_F(RoutingGpu, GraphReplayWithNewLogitsEqualsEager) {
+  WNA16_REQUIRE_GPU();
+  const RoutingConfig c = routing(RoutingMethod::NoauxTc, 256, 8, true, 8, 4, 2.5);
+  const int64_t M = 118;
+  const auto bias = make_bias(256, rng_);
+  DevBuf<float> logits(size_t(M * 256)), db(256), w(size_t(M * 8));
+  DevBuf<int32_t> ids(size_t(M * 8));
+  db.upload(bias);
+  logits.upload(make_logits(c, DType::F32, M, bias, rng_).f32);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+  cuda::launch_routing(c, logits.p, DType::F32, M, db.p, ids.p, w.p, stream_);
+  CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; ++rep) {
+    const Logits L = make_logits(c, DType::F32, M, bias, rng_);
+    logits.upload(L.f32);
+    ids.poison();
+    w.poison();
+    CUDA_OK(cudaGraphLaunch(exec, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    const RoutingRun replay{ids.download(), w.download()};
+    const RoutingRun eager = run_routing(c, DType::F32, M, L, bias, stream_);
+    EXPECT_EQ(replay.ids, eager.ids);
+    EXPECT_EQ(replay.weights, eager.weights);
+    expect_routing_matches(c, DType::F32, M, L, bias, replay, "graph replay");
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST_F(RoutingGpu, RefusesBadArgumentsNamingTheValue) {
+  WNA16_REQUIRE_GPU();
+  DevBuf<float> logits(64), b(64), w(64);
+  DevBuf<int32_t> ids(64);
+  auto call = [&](const RoutingConfig& c, const float* bias = nullptr) {
+    cuda::launch_routing(c, logits.p, DType::F32, 1, bias, ids.p, w.p, stream_);
+  };
+  using RM = RoutingMethod;
+  EXPECT_NE(error_of([&] { call(routing(RM::SoftmaxTopK, 0, 1, true)); }).find("num_experts=0"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(routing(RM::SoftmaxTopK, 8, 9, true)); }).find("top_k=9"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(routing(RM::GroupLimitedGreedy, 10, 2, true, 3, 1)); }).find("n_group=3"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { call(routing(RM::SoftmaxTopK, 2048, 8, true)); }).find("num_experts=2048"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { call(routing(RM::SoftmaxTopK, 64, 40, true)); }).find("top_k=40"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(routing(RM::NoauxTc, 128, 8, true, 64, 8)); }).find("n_group=64"), std::string::npos);
+  EXPECT_NE(error_of([&] { call(routing(RM::NoauxTc, 64, 8, true, 8, 4)); }).find("bias"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              cuda::launch_routing(routing(RM::SoftmaxTopK, 8, 2, true), logits.p, DType::F32, -2, nullptr, ids.p,
+                                   w.p, stream_);
+            }).find("M=-2"),
+            std::string::npos);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace
+
+#endif  // WNA16_HAVE_CUDA

@@ -59,7 +59,11 @@ void fill_linear(const LinearTask& t, const QuantScheme& s) {
   // (GPTQ: along K; AWQ: along N with its nibble interleave) the format packs.
   const int64_t qw_words = t.K * t.N / per_word;
   q.qweight.resize(size_t(qw_words));
-  for (auto& w : q.qweight) w = int32_t(uint32_t(rng.next()));
+  for (size_t i = 0; i < q.qweight.size(); i += 2) {  // two words per 64-bit draw
+    const uint64_t r = rng.next();
+    q.qweight[i] = int32_t(uint32_t(r));
+    if (i + 1 < q.qweight.size()) q.qweight[i + 1] = int32_t(uint32_t(r >> 32));
+  }
 
   // qzeros: [G, N/per_word] words in both formats.
   const int64_t qz_words = G * t.N / per_word;

@@ -65,8 +65,9 @@ struct MoeLayerWeights {
 MoeLayerSpec preset(const std::string& name);
 std::vector<std::string> preset_names();
 
-// Random layer: weights ~ N(0, 1/sqrt(K)) quantized with `scheme` (per linear), router ~ N(0, 1),
-// bias ~ N(0, 0.1). Deterministic for a seed.
+// Random layer: weights ~ N(0, 1/sqrt(K)) quantized with `scheme` (per linear), router and
+// shared_gate ~ N(0, 1/sqrt(H)) (so unit-variance activations give O(1) logits), bias ~ N(0, 0.1).
+// Deterministic for a seed, whatever the number of threads it uses.
 MoeLayerWeights random_layer(const MoeLayerSpec& spec, const QuantScheme& scheme, uint64_t seed);
 
 }  // namespace wna16

@@ -1,6 +1,7 @@
 // Presets, spec and weight validation, and the seeded random layer.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "wna16/error.h"
@@ -182,4 +183,44 @@ TEST(Weights, ValidateNamesWhatIsWrong) {
   gated.shared_kind = SharedExpertKind::SigmoidGated;
   gated.shared_inter = 32;
   EXPECT_ERROR_HAS(good.validate(gated), "no shared weights");
+}
+
+TEST(RandomLayer, DistributionsHaveTheDocumentedSpread) {
+  // router and shared_gate ~ N(0, 1/sqrt(H)), bias ~ N(0, 0.1); weights ~ N(0, 1/sqrt(K)) before
+  // quantisation (checked on the dequantised gate through its RMS, within the 4-bit grid's error).
+  MoeLayerSpec s;
+  s.name = "stats";
+  s.hidden = 1024;
+  s.inter = 64;
+  s.routing.method = RoutingMethod::NoauxTc;
+  s.routing.num_experts = 64;
+  s.routing.top_k = 4;
+  s.routing.n_group = 8;
+  s.routing.topk_group = 4;
+  s.routing.routed_scaling_factor = 2.5;
+  QuantScheme q;
+  q.group_size = 64;
+  const MoeLayerWeights w = random_layer(s, q, 42);
+  auto stats = [](const std::vector<float>& v, double& mean, double& sd) {
+    double a = 0, b = 0;
+    for (float x : v) a += x;
+    mean = a / double(v.size());
+    for (float x : v) b += (x - mean) * (x - mean);
+    sd = std::sqrt(b / double(v.size()));
+  };
+  double mean, sd;
+  stats(w.router, mean, sd);  // 65536 samples: sd of the mean ~ 1.2e-4
+  EXPECT_NEAR(mean, 0.0, 1e-3);
+  EXPECT_NEAR(sd, 1.0 / 32, 1.0 / 32 * 0.02);
+  // Within 3.3 sd of a normal: about 99.9 %; a uniform of the same sd has none beyond 1.74 sd.
+  int64_t beyond2 = 0;
+  for (float x : w.router) beyond2 += std::abs(x) > 2.0 / 32;
+  EXPECT_NEAR(double(beyond2) / double(w.router.size()), 0.0455, 0.005);
+  stats(w.correction_bias, mean, sd);  // 64 samples
+  EXPECT_GT(sd, 0.06);
+  EXPECT_LT(sd, 0.14);
+  const std::vector<double> d = dequantize(w.experts[5].gate);
+  double ss = 0;
+  for (double x : d) ss += x * x;
+  EXPECT_NEAR(std::sqrt(ss / double(d.size())), 1.0 / 32, 1.0 / 32 * 0.1);
 }

@@ -8,11 +8,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "wna16/checkpoint.h"
+#include "wna16/safetensors.h"
 
 namespace wna16::test {
 
@@ -103,6 +107,54 @@ inline CliResult run_cli(const std::string& args) {
       r.err.find("terminate called") != std::string::npos)
     r.exit_code = -1;
   return r;
+}
+
+// Every tensor of a safetensors file, as writable copies (to mutate and write back).
+inline std::vector<TensorToWrite> load_all(const std::string& path) {
+  auto f = SafetensorsFile::open(path);
+  std::vector<TensorToWrite> v;
+  for (const auto& t : f.tensors()) {
+    TensorToWrite w;
+    w.name = t.name;
+    w.dtype = t.dtype;
+    w.shape = t.shape;
+    w.data.assign(f.data(t), f.data(t) + t.nbytes());
+    v.push_back(std::move(w));
+  }
+  return v;
+}
+
+inline TensorToWrite* find_tensor(std::vector<TensorToWrite>& v, const std::string& name) {
+  for (auto& t : v)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+// A small synthetic checkpoint in one model.safetensors file (easy to mutate) unless sharded.
+inline SynthOptions synth_opts(const std::string& dir, Arch arch, Format f, int bits = 4, bool desc_act = false,
+                               bool asym = false, bool sharded = false) {
+  SynthOptions o;
+  o.dir = dir;
+  o.arch = arch;
+  o.format = f;
+  o.bits = bits;
+  o.desc_act = desc_act;
+  o.asym = asym;
+  o.max_shard_size = sharded ? 256 * 1024 : (uint64_t(1) << 40);
+  return o;
+}
+
+// Random hidden states [M, H] rounded to dtype, written to `path`.
+inline void write_random_input(const std::string& path, int64_t M, int64_t H, DType dt, uint64_t seed = 7,
+                               std::vector<int64_t> shape = {}) {
+  HiddenStates h;
+  h.dtype = dt;
+  h.shape = shape.empty() ? std::vector<int64_t>{M, H} : shape;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  h.values.resize(size_t(M * H));
+  for (auto& v : h.values) v = round_to(dt, float(nd(rng)));
+  write_hidden_states(path, h);
 }
 
 }  // namespace wna16::test

@@ -31,11 +31,12 @@ struct BlockView {
   bool uniform_zero;
   int32_t zero;
   int64_t scale_bytes, header_bytes, tile_bytes, step_bytes;
+  bool zeros_u16;  // stored zero points are uint16 (int8), else uint8
 };
 inline BlockView block_view(const PackedLinear& L, int64_t nb) {
   return {L.block(nb),          L.num_groups(),  L.group_kstart.data(), L.group_len.data(),
           L.bits,               L.scale_fmt == ScaleFmt::F16, L.uniform_zero, L.zero,
-          L.scale_bytes(),      L.header_bytes(), L.tile_bytes(), L.step_bytes()};
+          L.scale_bytes(),      L.header_bytes(), L.tile_bytes(), L.step_bytes(), L.zero_bytes() == 2};
 }
 
 // Does a kernel of this ISA take bf16 (hi/lo) rows or fp32 rows?

@@ -64,9 +64,13 @@ void gemm_rows_avx2(const BlockView& v, const XRow* rows, int m, float* out) {
         const __m256 s = v.scales_f16
                              ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hdr + 16 * v8)))
                              : _mm256_loadu_ps(reinterpret_cast<const float*>(hdr) + 8 * v8);
-        const __m256 z = v.uniform_zero ? zu
-                                        : _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                                              reinterpret_cast<const __m128i*>(hdr + v.scale_bytes + 8 * v8))));
+        __m256 z = zu;
+        if (!v.uniform_zero) {
+          const uint8_t* zp = hdr + v.scale_bytes;
+          z = _mm256_cvtepi32_ps(
+              v.zeros_u16 ? _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zp + 16 * v8)))
+                          : _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(zp + 8 * v8))));
+        }
         const __m256 r = _mm256_fnmadd_ps(z, xs, acc[v8]);
         _mm256_storeu_ps(o + 8 * v8, _mm256_fmadd_ps(s, r, _mm256_loadu_ps(o + 8 * v8)));
       }

@@ -112,12 +112,14 @@ void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
       const __m512 s =
           v.scales_f16 ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(hdr + 32 * j)))
                        : _mm512_load_ps(reinterpret_cast<const float*>(hdr) + 16 * j);
-      const __m512 zb =
-          v.uniform_zero
-              ? zu
-              : _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-                                  _mm_load_si128(reinterpret_cast<const __m128i*>(hdr + v.scale_bytes + 16 * j)))),
-                              _mm512_set1_ps(off));
+      __m512 zb = zu;
+      if (!v.uniform_zero) {
+        const uint8_t* zp = hdr + v.scale_bytes;
+        const __m512i z =
+            INT8 ? _mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(zp + 32 * j)))
+                 : _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(zp + 16 * j)));
+        zb = _mm512_add_ps(_mm512_cvtepi32_ps(z), _mm512_set1_ps(off));
+      }
       for (int t = 0; t < MR; ++t) {
         const __m512 r = _mm512_fnmadd_ps(zb, _mm512_set1_ps(rows[t].xs[gi]), acc[t][j]);
         float* o = out + t * kBlockN + 16 * j;

@@ -44,7 +44,13 @@ void gemm_block_scalar(const PackedLinear& L, int64_t nb, const XRow* rows, int 
         } else {
           std::memcpy(&s, hdr + 4 * c, 4);
         }
-        const float z = float(v.uniform_zero ? v.zero : int32_t(hdr[v.scale_bytes + c]));
+        int32_t zi = v.zero;
+        if (!v.uniform_zero) {
+          uint16_t z16 = hdr[v.scale_bytes + c];
+          if (v.zeros_u16) std::memcpy(&z16, hdr + v.scale_bytes + 2 * c, 2);
+          zi = z16;
+        }
+        const float z = float(zi);
         o[c] += s * (acc[c] - z * xs);
       }
     }

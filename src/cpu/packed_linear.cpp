@@ -49,9 +49,9 @@ PackedLinear pack_linear(const UnpackedLinear& u) {
       fail("g_idx[" + std::to_string(k) + "]=" + std::to_string(u.g_idx[size_t(k)]) + " is outside [0, " +
            std::to_string(G) + ")");
   for (size_t i = 0; i < u.zeros.size(); ++i)
-    if (u.zeros[i] < 0 || u.zeros[i] > qmax)
+    if (u.zeros[i] < 0 || u.zeros[i] > qmax + 1)  // GPTQ v1 can encode zero 2^b
       fail("zero point " + std::to_string(u.zeros[i]) + " at [" + std::to_string(int64_t(i) / N) + ", " +
-           std::to_string(int64_t(i) % N) + "] is outside [0, " + std::to_string(qmax) + "]");
+           std::to_string(int64_t(i) % N) + "] is outside [0, " + std::to_string(qmax + 1) + "]");
 
   PackedLinear p;
   p.bits = u.bits;
@@ -119,7 +119,13 @@ PackedLinear pack_linear(const UnpackedLinear& u) {
         } else {
           std::memcpy(out + 4 * c, &s, 4);
         }
-        if (!p.uniform_zero) out[p.scale_bytes() + c] = n < N ? uint8_t(u.zeros[size_t(g * N + n)]) : 0;
+        if (!p.uniform_zero) {
+          const uint16_t z = n < N ? uint16_t(u.zeros[size_t(g * N + n)]) : 0;
+          if (p.zero_bytes() == 2)
+            std::memcpy(out + p.scale_bytes() + 2 * c, &z, 2);
+          else
+            out[p.scale_bytes() + c] = uint8_t(z);
+        }
       }
       out += p.header_bytes();
       const int64_t k_begin = p.group_kstart[gi];

@@ -14,7 +14,8 @@
 //   thread computing a block reads one sequential run of memory and every weight byte once:
 //     for each group gi (kernel order):
 //       header: 64 scales (f16, or f32 when a scale is not exactly an f16), then, unless every
-//               zero point of the linear is the same value (GPTQ sym), 64 zero points as uint8;
+//               zero point of the linear is the same value (GPTQ sym), 64 zero points as uint8
+//               (int4) or uint16 (int8: a GPTQ v1 zero can be 2^b, see src/formats/pack.cpp);
 //       steps:  group_len[gi] / 4 steps of 4 channels k0..k0+3, each 4 tiles of
 //               int4: 32 bytes per tile; for tile column j (0..15):
 //                      byte 2j   = q[k0][j] | q[k0+2][j] << 4
@@ -75,7 +76,8 @@ struct PackedLinear {
   int64_t tile_bytes() const { return bits == 4 ? 32 : 64; }
   int64_t step_bytes() const { return tile_bytes() * kTilesPerBlock; }
   int64_t scale_bytes() const { return (scale_fmt == ScaleFmt::F16 ? 2 : 4) * kBlockN; }
-  int64_t header_bytes() const { return scale_bytes() + (uniform_zero ? 0 : kBlockN); }
+  int64_t zero_bytes() const { return bits == 8 ? 2 : 1; }  // per stored zero point
+  int64_t header_bytes() const { return scale_bytes() + (uniform_zero ? 0 : kBlockN * zero_bytes()); }
   const uint8_t* block(int64_t nb) const { return data.get() + nb * block_bytes; }
   // True when a token prepared for `o` (same kernel order and groups) can be used for this one.
   bool same_k_order(const PackedLinear& o) const;

@@ -46,7 +46,7 @@ inline std::vector<float> to_float(const std::vector<uint16_t>& bits, DType act)
 // against moe_reference.
 inline double error_vs_reference(MoeBackendLayer& layer, const MoeLayerSpec& spec, const MoeLayerWeights& w,
                                  const Activations& x, int64_t M, DType act) {
-  std::vector<uint16_t> out(size_t(M * spec.hidden), 0xFFFF);  // NaN in bf16 and f16
+  std::vector<uint16_t> out(static_cast<size_t>(M * spec.hidden), 0xFFFF);  // NaN in bf16 and f16
   layer.forward_host(x.bits.data(), out.data(), M, act);
   const std::vector<double> ref = moe_reference(spec, w, x.values.data(), M);
   const std::vector<float> got = to_float(out, act);

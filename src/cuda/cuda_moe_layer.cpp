@@ -1,0 +1,601 @@
+// CudaMoeLayer: load-time repack of a MoE layer into the fused GEMM layout (moe_gemm.h) and the
+// per-call pipeline on one stream:
+//   memset(out_f32) -> router logits (fp32) -> routing -> [shared-expert slots] -> align
+//   -> GEMM1 (gate/up, SiLU*up, intermediate in act dtype) -> GEMM2 (x routing weight, fp32
+//   atomics into out_f32: the top-k sum and split-K partials) -> cast to act.
+// No allocation and no host synchronisation inside forward(); it can be captured in a CUDA graph.
+//
+// Kernel experts: the E routed experts, then the shared expert(s) cut into S = ceil(shared_inter/I)
+// slices of width I (SwiGLU is elementwise along I and down is linear in it, so the slices' outputs
+// add up to the shared MLP's). Every token takes the S slices as extra choices with weight 1
+// (Plain) or sigmoid(x . shared_gate) (SigmoidGated). Columns past shared_inter in the last slice
+// are zero (scale 0 for gate/up: silu(0)*0 = 0).
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "cuda/cuda_check.h"
+#include "cuda/moe_gemm.h"
+#include "cuda/moe_layer_kernels.h"
+#include "wna16/backend.h"
+#include "wna16/cuda.h"
+#include "wna16/cuda_kernels.h"
+#include "wna16/error.h"
+#include "wna16/quant.h"
+#include "wna16/reference.h"
+
+namespace wna16::cuda {
+namespace {
+
+// A device allocation owned by the layer.
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevBuf() = default;
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+  void alloc(size_t n) {
+    if (p) cudaFree(p);
+    p = nullptr;
+    bytes = n;
+    if (n) WNA16_CUDA_CHECK(cudaMalloc(&p, n));
+  }
+  template <class V>
+  void upload(const std::vector<V>& v) {
+    alloc(v.size() * sizeof(V));
+    if (bytes) WNA16_CUDA_CHECK(cudaMemcpy(p, v.data(), bytes, cudaMemcpyHostToDevice));
+  }
+};
+
+// Stable argsort of g_idx: the act-order channel order. Empty when it is the identity.
+std::vector<int32_t> act_order_perm(const UnpackedLinear& u) {
+  std::vector<int32_t> p(size_t(u.K));
+  std::iota(p.begin(), p.end(), 0);
+  std::stable_sort(p.begin(), p.end(), [&](int32_t a, int32_t b) { return u.g_idx[size_t(a)] < u.g_idx[size_t(b)]; });
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i] != int32_t(i)) return p;
+  return {};
+}
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+struct Workspace {
+  int64_t logits = 0, gate = 0, ids = 0, w = 0, ids2 = 0, w2 = 0, sorted = 0, eids = 0, ntpp = 0, inter = 0,
+          acc = 0, total = 0;
+  int64_t max_padded = 0, max_blocks = 0;
+};
+
+}  // namespace
+
+struct CudaMoeLayer::Impl {
+  MoeLayerSpec spec;
+  int64_t H = 0, I = 0;
+  int E = 0, k = 0, S = 0, E2 = 0, k2 = 0;
+  bool gated = false;
+  int bits = 4;
+  DevBuf qw1, sc1, zr1, perm1, permup1, qw2, sc2, zr2, router, bias;
+  DeviceGemm g1, g2;
+  size_t weight_bytes = 0;
+
+  Workspace layout(int64_t M, int block_m) const {
+    Workspace ws;
+    const int64_t slots = M * k2;
+    ws.max_padded = max_padded_slots(slots, E2, block_m);
+    ws.max_blocks = max_align_blocks(slots, E2, block_m);
+    int64_t off = 0;
+    auto take = [&](int64_t bytes) {
+      const int64_t o = off;
+      off = align_up(off + bytes, 256);
+      return o;
+    };
+    ws.logits = take(M * E * 4);
+    ws.gate = take(M * 4);
+    ws.ids = take(M * k * 4);
+    ws.w = take(M * k * 4);
+    ws.ids2 = take(slots * 4);
+    ws.w2 = take(slots * 4);
+    ws.sorted = take(ws.max_padded * 4);
+    ws.eids = take(ws.max_blocks * 4);
+    ws.ntpp = take(4);
+    ws.inter = take(ws.max_padded * I * 2);
+    ws.acc = take(M * H * 4);
+    ws.total = off;
+    return ws;
+  }
+
+  void build(const MoeLayerSpec& s, const MoeLayerWeights& w);
+  void route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L, int block_m,
+                       cudaStream_t st) const;
+  void check_call(const void* x, const void* out, int64_t M, DType act, const void* workspace, size_t workspace_size,
+                  Workspace* L, int* config) const;
+};
+
+void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) {
+  s.validate();
+  w.validate(s);
+  spec = s;
+  H = s.hidden;
+  I = s.inter;
+  E = s.routing.num_experts;
+  k = s.routing.top_k;
+  gated = s.shared_kind == SharedExpertKind::SigmoidGated;
+  const bool has_shared = s.shared_kind != SharedExpertKind::None;
+  S = has_shared ? int((s.shared_inter + I - 1) / I) : 0;
+  E2 = E + S;
+  k2 = k + S;
+  if (E2 > 1024) throw Error(fmt::format("E={} experts plus {} shared slices is above the supported 1024", E, S));
+  if (H % 64 != 0) throw Error(fmt::format("hidden H={} is not a multiple of 64 (the kernel's k chunk)", H));
+  if (I % 64 != 0) throw Error(fmt::format("expert width I={} is not a multiple of 64 (the kernel's k chunk)", I));
+
+  // One scheme for every linear (the kernels are compiled per bit width; one group length per GEMM).
+  const QuantScheme& sch = w.experts.at(0).gate.scheme;
+  bits = sch.bits;
+  if (bits != 4 && bits != 8)
+    throw Error(fmt::format("bits={} is not supported by the CUDA backend (4 or 8)", bits));
+  bool has_zeros = false;
+  auto check_linear = [&](const QuantizedLinear& q, const std::string& what) {
+    if (q.scheme.bits != bits)
+      throw Error(fmt::format("{}: bits={} differs from the layer's bits={}", what, q.scheme.bits, bits));
+    if (q.scheme.group_size != sch.group_size)
+      throw Error(fmt::format("{}: group_size={} differs from the layer's group_size={}", what, q.scheme.group_size,
+                              sch.group_size));
+    if (!q.scheme.sym) has_zeros = true;
+  };
+  for (int e = 0; e < E; ++e) {
+    check_linear(w.experts[size_t(e)].gate, fmt::format("expert {} gate", e));
+    check_linear(w.experts[size_t(e)].up, fmt::format("expert {} up", e));
+    check_linear(w.experts[size_t(e)].down, fmt::format("expert {} down", e));
+  }
+  if (has_shared) {
+    check_linear(w.shared->gate, "shared expert gate");
+    check_linear(w.shared->up, "shared expert up");
+    check_linear(w.shared->down, "shared expert down");
+  }
+  const int gs = sch.group_size;
+  if (gs != -1 && (gs % 16 != 0))
+    throw Error(fmt::format("group_size={} is not supported (a multiple of 16, or -1)", gs));
+  if (gs != -1 && I % gs != 0)
+    throw Error(fmt::format("expert width I={} is not a multiple of group_size={}", I, gs));
+  const int64_t gl1 = gs == -1 ? H : gs, gl2 = gs == -1 ? I : gs;
+
+  PackedGemm shape1, shape2;  // shapes only (E = 0): strides and padded widths
+  shape1.init(bits, 0, H, 2 * I, gl1, has_zeros);
+  shape2.init(bits, 0, I, H, gl2, has_zeros);
+  const int64_t qw1_words = shape1.qweight_words_per_expert(), m1_words = shape1.meta_words_per_expert();
+  const int64_t qw2_words = shape2.qweight_words_per_expert(), m2_words = shape2.meta_words_per_expert();
+  qw1.alloc(size_t(E2 * qw1_words * 4));
+  sc1.alloc(size_t(E2 * m1_words * 4));
+  qw2.alloc(size_t(E2 * qw2_words * 4));
+  sc2.alloc(size_t(E2 * m2_words * 4));
+  if (has_zeros) {
+    zr1.alloc(size_t(E2 * m1_words * 4));
+    zr2.alloc(size_t(E2 * m2_words * 4));
+  }
+  std::vector<int32_t> h_perm(static_cast<size_t>(E2 * H)), h_perm_up(static_cast<size_t>(E2 * H));
+  std::atomic<bool> any_perm{false}, any_dual{false};
+
+  // Builds and uploads GEMM1 and GEMM2 of kernel expert e2 (routed e2 < E, else shared slice).
+  auto pack_one = [&](int e2) {
+    const ExpertWeights& src = e2 < E ? w.experts[size_t(e2)] : *w.shared;
+    const std::string name = e2 < E ? fmt::format("expert {}", e2) : std::string("shared expert");
+    const int64_t slice0 = e2 < E ? 0 : int64_t(e2 - E) * I;  // first intermediate column of the slice
+    const UnpackedLinear ug = unpack(src.gate), uu = unpack(src.up), ud = unpack(src.down);
+    const int64_t Isrc = ug.N;  // I, or shared_inter
+    const std::vector<int32_t> pg = act_order_perm(ug), pu = act_order_perm(uu), pd = act_order_perm(ud);
+    const int zsym = 1 << (bits - 1);
+    // Without a zero table the kernel uses 2^(bits-1): a "sym" checkpoint must really be symmetric.
+    auto check_sym = [&](const UnpackedLinear& u, const char* what) {
+      if (has_zeros) return;
+      for (int32_t z : u.zeros)
+        if (z != zsym)
+          throw Error(fmt::format("{} {}: scheme is symmetric but holds zero point {} (expected {})", name, what, z,
+                                  zsym));
+    };
+    check_sym(ug, "gate");
+    check_sym(uu, "up");
+    check_sym(ud, "down");
+    // Intermediate column c of this kernel expert = down's sorted row slice0 + c (or padding).
+    auto inter_src = [&](int64_t c) -> int64_t {
+      const int64_t gc = slice0 + c;
+      if (gc >= Isrc) return -1;
+      return pd.empty() ? gc : pd[size_t(gc)];
+    };
+    // Kernel group kg of a kernel linear gathers source rows whose g_idx must all agree.
+    auto group_of = [&](const UnpackedLinear& u, const std::vector<int32_t>& rowmap, int64_t klen, int64_t gl,
+                        const char* what) {
+      std::vector<int32_t> grp(size_t(klen / gl), -1);
+      for (int64_t kk = 0; kk < klen; ++kk) {
+        const int64_t r = rowmap[size_t(kk)];
+        if (r < 0) continue;
+        int32_t& gk = grp[size_t(kk / gl)];
+        const int32_t gsrc = u.g_idx[size_t(r)];
+        if (gk < 0) gk = gsrc;
+        else if (gk != gsrc)
+          throw Error(fmt::format("{} {}: act-order groups are not contiguous runs of {} channels after sorting by "
+                                  "g_idx (channel {} is in group {}, expected {})",
+                                  name, what, gl, r, gsrc, gk));
+      }
+      return grp;
+    };
+
+    // ---- GEMM1: K = H (sorted per gate / up order), tiles (2p, 2p+1) = gate, up of columns 16p.. ----
+    {
+      KernelLinear kl;
+      kl.K = H;
+      kl.N = shape1.NT * 16;
+      kl.group_len = gl1;
+      kl.q.assign(size_t(kl.K * kl.N), 0);
+      kl.scales.assign(size_t((H / gl1) * kl.N), 0.f);
+      kl.zeros.assign(size_t((H / gl1) * kl.N), 0);
+      std::vector<int32_t> rows_g(static_cast<size_t>(H)), rows_u(static_cast<size_t>(H));
+      for (int64_t kk = 0; kk < H; ++kk) {
+        rows_g[size_t(kk)] = pg.empty() ? int32_t(kk) : pg[size_t(kk)];
+        rows_u[size_t(kk)] = pu.empty() ? int32_t(kk) : pu[size_t(kk)];
+      }
+      const std::vector<int32_t> grp_g = group_of(ug, rows_g, H, gl1, "gate");
+      const std::vector<int32_t> grp_u = group_of(uu, rows_u, H, gl1, "up");
+      std::vector<int64_t> col_src(size_t(2 * I));  // source column of kernel column n, -1: padding
+      for (int64_t n = 0; n < 2 * I; ++n) col_src[size_t(n)] = inter_src((n / 32) * 16 + n % 16);
+      for (int64_t kk = 0; kk < H; ++kk) {  // row by row: the gathers stay inside one source row
+        const uint8_t* rg = ug.q.data() + rows_g[size_t(kk)] * ug.N;
+        const uint8_t* ru = uu.q.data() + rows_u[size_t(kk)] * uu.N;
+        uint8_t* dst = kl.q.data() + kk * kl.N;
+        for (int64_t n = 0; n < 2 * I; ++n) {
+          const int64_t sc = col_src[size_t(n)];
+          if (sc >= 0) dst[n] = ((n / 16) % 2 ? ru : rg)[sc];
+        }
+      }
+      for (int64_t n = 0; n < 2 * I; ++n) {
+        const bool up = (n / 16) % 2 == 1;
+        const int64_t sc = col_src[size_t(n)];
+        if (sc < 0) continue;  // padding column: scale 0
+        const UnpackedLinear& u = up ? uu : ug;
+        const std::vector<int32_t>& grp = up ? grp_u : grp_g;
+        for (int64_t kg = 0; kg < H / gl1; ++kg) {
+          kl.scales[size_t(kg * kl.N + n)] = u.scales[size_t(grp[size_t(kg)] * u.N + sc)];
+          kl.zeros[size_t(kg * kl.N + n)] = u.zeros[size_t(grp[size_t(kg)] * u.N + sc)];
+        }
+      }
+      PackedGemm pk;
+      pk.init(bits, 1, H, 2 * I, gl1, has_zeros);
+      pack_kernel_linear(kl, 0, pk);
+      WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(qw1.p) + e2 * qw1_words, pk.qweight.data(), qw1_words * 4,
+                                  cudaMemcpyHostToDevice));
+      WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(sc1.p) + e2 * m1_words, pk.scales.data(), m1_words * 4,
+                                  cudaMemcpyHostToDevice));
+      if (has_zeros)
+        WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(zr1.p) + e2 * m1_words, pk.zeros.data(), m1_words * 4,
+                                    cudaMemcpyHostToDevice));
+      std::copy(rows_g.begin(), rows_g.end(), h_perm.begin() + e2 * H);
+      std::copy(rows_u.begin(), rows_u.end(), h_perm_up.begin() + e2 * H);
+      if (!pg.empty() || !pu.empty()) any_perm = true;
+      if (rows_g != rows_u) any_dual = true;
+    }
+    // ---- GEMM2: K = I (this slice of down's sorted rows), N = H ----
+    {
+      KernelLinear kl;
+      kl.K = I;
+      kl.N = shape2.NT * 16;
+      kl.group_len = gl2;
+      kl.q.assign(size_t(kl.K * kl.N), 0);
+      kl.scales.assign(size_t((I / gl2) * kl.N), 0.f);
+      kl.zeros.assign(size_t((I / gl2) * kl.N), 0);
+      std::vector<int32_t> rows(static_cast<size_t>(I));
+      for (int64_t c = 0; c < I; ++c) rows[size_t(c)] = int32_t(inter_src(c));
+      const std::vector<int32_t> grp = group_of(ud, rows, I, gl2, "down");
+      for (int64_t kg = 0; kg < I / gl2; ++kg) {
+        if (grp[size_t(kg)] < 0) continue;  // a group of padding rows only: scale 0
+        for (int64_t n = 0; n < H; ++n) {
+          kl.scales[size_t(kg * kl.N + n)] = ud.scales[size_t(grp[size_t(kg)] * H + n)];
+          kl.zeros[size_t(kg * kl.N + n)] = ud.zeros[size_t(grp[size_t(kg)] * H + n)];
+        }
+      }
+      for (int64_t c = 0; c < I; ++c) {
+        const int64_t r = rows[size_t(c)];
+        uint8_t* dst = kl.q.data() + c * kl.N;
+        if (r >= 0) {
+          std::memcpy(dst, ud.q.data() + r * H, size_t(H));
+        } else {
+          // Padding row: code = zero point, so the weight is exactly 0 whatever the scale.
+          const int64_t kg = c / gl2;
+          for (int64_t n = 0; n < H; ++n) dst[n] = uint8_t(kl.zeros[size_t(kg * kl.N + n)] & 0xff);
+          if (!has_zeros) std::memset(dst, zsym, size_t(H));
+        }
+      }
+      PackedGemm pk;
+      pk.init(bits, 1, I, H, gl2, has_zeros);
+      pack_kernel_linear(kl, 0, pk);
+      WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(qw2.p) + e2 * qw2_words, pk.qweight.data(), qw2_words * 4,
+                                  cudaMemcpyHostToDevice));
+      WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(sc2.p) + e2 * m2_words, pk.scales.data(), m2_words * 4,
+                                  cudaMemcpyHostToDevice));
+      if (has_zeros)
+        WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(zr2.p) + e2 * m2_words, pk.zeros.data(), m2_words * 4,
+                                    cudaMemcpyHostToDevice));
+    }
+  };
+
+  // Kernel experts are independent: spread them over the host's cores (DeepSeek-V3 is 257 x 23 MB).
+  int dev = 0;
+  WNA16_CUDA_CHECK(cudaGetDevice(&dev));
+  std::atomic<int> next{0};
+  std::exception_ptr failure;
+  std::mutex failure_mu;
+  auto worker = [&] {
+    if (cudaSetDevice(dev) != cudaSuccess) return;
+    for (int e2; (e2 = next.fetch_add(1)) < E2;) {
+      try {
+        pack_one(e2);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failure_mu);
+        if (!failure) failure = std::current_exception();
+        next = E2;
+      }
+    }
+  };
+  const int threads = int(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 32u));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min(threads, E2); ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+
+  if (any_perm) {
+    perm1.upload(h_perm);
+    if (any_dual) permup1.upload(h_perm_up);
+  }
+  // Router (+ the shared-expert gate as one more row), fp32.
+  std::vector<float> r(w.router);
+  if (gated) r.insert(r.end(), w.shared_gate.begin(), w.shared_gate.end());
+  router.upload(r);
+  if (s.routing.method == RoutingMethod::NoauxTc) bias.upload(w.correction_bias);
+
+  auto fill = [&](DeviceGemm& d, const PackedGemm& shp, const DevBuf& q, const DevBuf& sc, const DevBuf& zr) {
+    d.bits = bits;
+    d.E = E2;
+    d.K = shp.K;
+    d.N = shp.N;
+    d.NT = shp.NT;
+    d.group_len = shp.group_len;
+    d.G = shp.G;
+    d.qweight = q.p;
+    d.scales = static_cast<const uint32_t*>(sc.p);
+    d.zeros = static_cast<const uint32_t*>(zr.p);
+  };
+  fill(g1, shape1, qw1, sc1, zr1);
+  fill(g2, shape2, qw2, sc2, zr2);
+  g1.perm = static_cast<const int32_t*>(perm1.p);
+  g1.perm_up = static_cast<const int32_t*>(permup1.p);
+  weight_bytes = qw1.bytes + sc1.bytes + zr1.bytes + perm1.bytes + permup1.bytes + qw2.bytes + sc2.bytes + zr2.bytes +
+                 router.bytes + bias.bytes;
+}
+
+void CudaMoeLayer::Impl::check_call(const void* x, const void* out, int64_t M, DType act, const void* workspace,
+                                    size_t workspace_size, Workspace* L, int* config) const {
+  if (act != DType::BF16 && act != DType::F16)
+    throw Error(std::string("activation dtype ") + dtype_name(act) + " is not supported by the CUDA layer (f16, bf16)");
+  if (M < 0) throw Error(fmt::format("M={} is negative", M));
+  if (M * k2 >= (int64_t(1) << 30)) throw Error(fmt::format("M={} tokens x {} slots is too large", M, k2));
+  *config = choose_gemm_config(M, k2, E2);
+  *L = layout(M, gemm_config_block_m(*config));
+  if (M > 0 && (!x || !out)) throw Error("forward: x or out is null");
+  if (size_t(L->total) > workspace_size || (M > 0 && !workspace))
+    throw Error(fmt::format("forward: workspace of {} bytes is smaller than the {} bytes needed for M={}",
+                            workspace_size, L->total, M));
+}
+
+void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L,
+                                         int block_m, cudaStream_t st) const {
+  auto* logits = reinterpret_cast<float*>(ws + L.logits);
+  auto* gate = reinterpret_cast<float*>(ws + L.gate);
+  auto* ids = reinterpret_cast<int32_t*>(ws + L.ids);
+  auto* wts = reinterpret_cast<float*>(ws + L.w);
+  launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate, st);
+  launch_routing(spec.routing, logits, DType::F32, M, static_cast<const float*>(bias.p), ids, wts, st);
+  const int32_t* ids2 = ids;
+  if (S > 0) {
+    launch_append_shared(ids, wts, gated ? gate : nullptr, M, k, S, E, reinterpret_cast<int32_t*>(ws + L.ids2),
+                         reinterpret_cast<float*>(ws + L.w2), st);
+    ids2 = reinterpret_cast<int32_t*>(ws + L.ids2);
+  }
+  launch_align(ids2, M * k2, E2, block_m, reinterpret_cast<int32_t*>(ws + L.sorted),
+               reinterpret_cast<int32_t*>(ws + L.eids), reinterpret_cast<int32_t*>(ws + L.ntpp), st);
+}
+
+CudaMoeLayer::CudaMoeLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w) : impl_(std::make_unique<Impl>()) {
+  impl_->build(spec, w);
+  prepare_moe_gemm(impl_->bits);
+}
+CudaMoeLayer::~CudaMoeLayer() = default;
+
+size_t CudaMoeLayer::workspace_bytes(int64_t max_m) const {
+  if (max_m < 0) throw Error(fmt::format("max_m={} is negative", max_m));
+  const int largest = gemm_config_count() - 1;  // the largest BLOCK_M bounds every smaller one
+  return size_t(impl_->layout(max_m, gemm_config_block_m(largest)).total);
+}
+
+size_t CudaMoeLayer::weight_bytes() const { return impl_->weight_bytes; }
+
+void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void* workspace, size_t workspace_size,
+                           Stream stream) const {
+  const Impl& d = *impl_;
+  Workspace L;
+  int config = 0;
+  d.check_call(x, out, M, act, workspace, workspace_size, &L, &config);
+  if (M == 0) return;
+  auto st = static_cast<cudaStream_t>(stream);
+  char* ws = static_cast<char*>(workspace);
+  const int bm = gemm_config_block_m(config);
+  auto* acc = reinterpret_cast<float*>(ws + L.acc);
+  WNA16_CUDA_CHECK(cudaMemsetAsync(acc, 0, size_t(M * d.H * 4), st));
+  d.route_and_align(x, M, act, ws, L, bm, st);
+  const float* w2 = reinterpret_cast<const float*>(ws + (d.S > 0 ? L.w2 : L.w));
+
+  GemmRun r;
+  r.act = act;
+  r.config = config;
+  r.topk = d.k2;
+  r.num_slots = M * d.k2;
+  r.sorted_ids = reinterpret_cast<const int32_t*>(ws + L.sorted);
+  r.expert_ids = reinterpret_cast<const int32_t*>(ws + L.eids);
+  r.num_tokens_post_padded = reinterpret_cast<const int32_t*>(ws + L.ntpp);
+  r.max_blocks = L.max_blocks;
+
+  r.epilogue = GemmEpilogue::SiluMul;
+  r.x = x;
+  r.x_stride = d.H;
+  r.out = ws + L.inter;
+  launch_moe_gemm(d.g1, r, st);
+
+  r.epilogue = GemmEpilogue::WeightedSum;
+  r.x = ws + L.inter;
+  r.x_stride = d.I;
+  r.out = acc;
+  r.topk_weights = w2;
+  r.splits = choose_splits(d.g2, config, M, d.k2);
+  launch_moe_gemm(d.g2, r, st);
+
+  launch_cast_out(acc, out, act, M * d.H, st);
+}
+
+void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, DType act, void* workspace,
+                                           size_t workspace_size, Stream stream) const {
+  const Impl& d = *impl_;
+  Workspace L;
+  int config = 0;
+  d.check_call(x, out, M, act, workspace, workspace_size, &L, &config);
+  if (M == 0) return;
+  auto st = static_cast<cudaStream_t>(stream);
+  char* ws = static_cast<char*>(workspace);
+  const int bm = gemm_config_block_m(config);
+  auto* acc = reinterpret_cast<float*>(ws + L.acc);
+  WNA16_CUDA_CHECK(cudaMemsetAsync(acc, 0, size_t(M * d.H * 4), st));
+  d.route_and_align(x, M, act, ws, L, bm, st);
+  // The loop pattern needs the per-expert block ranges on the host.
+  int32_t ntpp = 0;
+  std::vector<int32_t> eids(size_t(L.max_blocks));
+  WNA16_CUDA_CHECK(cudaMemcpyAsync(&ntpp, ws + L.ntpp, 4, cudaMemcpyDeviceToHost, st));
+  WNA16_CUDA_CHECK(cudaMemcpyAsync(eids.data(), ws + L.eids, eids.size() * 4, cudaMemcpyDeviceToHost, st));
+  WNA16_CUDA_CHECK(cudaStreamSynchronize(st));
+  const float* w2 = reinterpret_cast<const float*>(ws + (d.S > 0 ? L.w2 : L.w));
+  GemmRun r;
+  r.act = act;
+  r.config = config;
+  r.topk = d.k2;
+  r.num_slots = M * d.k2;
+  r.sorted_ids = reinterpret_cast<const int32_t*>(ws + L.sorted);
+  r.expert_ids = reinterpret_cast<const int32_t*>(ws + L.eids);
+  r.num_tokens_post_padded = reinterpret_cast<const int32_t*>(ws + L.ntpp);
+  r.max_blocks = L.max_blocks;
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (first block, block count) per expert
+  const int64_t nblocks = ntpp / bm;
+  for (int64_t b = 0; b < nblocks;) {
+    int64_t e = b;
+    while (e < nblocks && eids[size_t(e)] == eids[size_t(b)]) ++e;
+    runs.emplace_back(b, e - b);
+    b = e;
+  }
+  for (const auto& [b0, nb] : runs) {
+    r.epilogue = GemmEpilogue::SiluMul;
+    r.x = x;
+    r.x_stride = d.H;
+    r.out = ws + L.inter;
+    r.mb_begin = b0;
+    r.mb_count = nb;
+    r.splits = 1;
+    launch_moe_gemm(d.g1, r, st);
+  }
+  for (const auto& [b0, nb] : runs) {
+    r.epilogue = GemmEpilogue::WeightedSum;
+    r.x = ws + L.inter;
+    r.x_stride = d.I;
+    r.out = acc;
+    r.topk_weights = w2;
+    r.mb_begin = b0;
+    r.mb_count = nb;
+    r.splits = choose_splits(d.g2, config, M, d.k2);
+    launch_moe_gemm(d.g2, r, st);
+  }
+  launch_cast_out(acc, out, act, M * d.H, st);
+}
+
+// ---- backend adapter ---------------------------------------------------------------------------
+namespace {
+
+class CudaBackendLayer final : public MoeBackendLayer {
+ public:
+  CudaBackendLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w) : layer_(spec, w), H_(spec.hidden) {}
+  Device device() const override { return Device::Cuda; }
+
+  void forward_host(const void* x, void* out, int64_t M, DType dtype) override {
+    if (M < 0) throw Error(fmt::format("M={} is negative", M));
+    const DType act = dtype == DType::F32 ? DType::BF16 : dtype;  // f32 in: rounded to bf16, as the CPU backend
+    const size_t n = size_t(M * H_);
+    std::vector<uint16_t> xin;
+    const void* xsrc = x;
+    if (dtype == DType::F32) {
+      xin.resize(n);
+      const float* xf = static_cast<const float*>(x);
+      for (size_t i = 0; i < n; ++i) xin[i] = float_to_bf16(xf[i]);
+      xsrc = xin.data();
+    }
+    ensure(M);
+    if (n) WNA16_CUDA_CHECK(cudaMemcpy(x_.p, xsrc, n * 2, cudaMemcpyHostToDevice));
+    layer_.forward(x_.p, out_.p, M, act, ws_.p, ws_.bytes, nullptr);
+    WNA16_CUDA_CHECK(cudaGetLastError());
+    WNA16_CUDA_CHECK(cudaDeviceSynchronize());
+    if (dtype == DType::F32) {
+      std::vector<uint16_t> o(n);
+      if (n) WNA16_CUDA_CHECK(cudaMemcpy(o.data(), out_.p, n * 2, cudaMemcpyDeviceToHost));
+      float* of = static_cast<float*>(out);
+      for (size_t i = 0; i < n; ++i) of[i] = bf16_to_float(o[i]);
+    } else if (n) {
+      WNA16_CUDA_CHECK(cudaMemcpy(out, out_.p, n * 2, cudaMemcpyDeviceToHost));
+    }
+  }
+
+ private:
+  void ensure(int64_t M) {
+    if (M <= cap_) return;
+    cap_ = std::max<int64_t>(M, 2 * cap_);
+    x_.alloc(size_t(cap_ * H_ * 2));
+    out_.alloc(size_t(cap_ * H_ * 2));
+    ws_.alloc(layer_.workspace_bytes(cap_));
+  }
+  CudaMoeLayer layer_;
+  int64_t H_;
+  int64_t cap_ = 0;
+  DevBuf x_, out_, ws_;
+};
+
+}  // namespace
+}  // namespace wna16::cuda
+
+namespace wna16 {
+
+bool cuda_available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+std::unique_ptr<MoeBackendLayer> make_cuda_layer(const MoeLayerSpec& spec, const MoeLayerWeights& w) {
+  if (!cuda_available())
+    throw Error("no CUDA GPU is present (cudaGetDeviceCount found none); use --device cpu");
+  return std::make_unique<cuda::CudaBackendLayer>(spec, w);
+}
+
+}  // namespace wna16

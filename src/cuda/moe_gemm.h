@@ -1,0 +1,133 @@
+// The fused grouped W4A16 / W8A16 MoE GEMM: host-side packing and the launch interface. No CUDA
+// types here, so g++-compiled code (the layer, the tests) can include it.
+//
+// ---- Packed weight layout (built once at load by pack_kernel_linear) -------------------------
+// One "kernel expert" e is a routed expert or a slice of the shared expert(s). A GEMM computes, for
+// the tokens routed to e, out[t, n] = sum_k x[t, k] * W_e[k, n]. The kernel runs mma.sync
+// m16n8k16 with SWAPPED operands: the 16-row A operand is W^T (16 output channels n x 16 inputs k),
+// the 8-wide B operand is the tokens' activations (16 k x 8 tokens), so one token fills an MMA
+// column rather than a 16-row tile.
+//
+// W is cut into tiles of 16 n-rows x 64 k ("chunks"). Inside a chunk the k axis is PERMUTED so that
+// each lane's activations are contiguous: the lane with tig = lane % 4 owns real k in
+// [16*tig, 16*tig + 16), and for the MMA k-step j (0..3) the mma column pair
+// {2*tig, 2*tig+1} holds real k 16*tig + 4*j + {0, 1} and {2*tig+8, 2*tig+9} holds 16*tig+4*j+{2,3}.
+// The same map is applied to A (weights, here) and to B (the kernel reads 16 contiguous bytes of
+// activations per lane), so the product is unchanged.
+//
+// Words (uint32) per lane per chunk, lane = 4*g + tig, rows g and g+8 of the tile:
+//  - int4: 4 words, word j = MMA k-step j; nibble i (bits 4i..4i+3) is MMA register r = i & 3,
+//          element e = i >> 2: row = g + 8*(r & 1), k = 16*tig + 4*j + 2*(r >> 1) + e. So (w >> 4r) & 0x000f000f gives MMA register r's two
+//          codes in its two 16-bit halves (the lop3 magic-number conversion needs no shuffles).
+//  - int8: 8 words, for step j: word 2j = bytes {(g,k0),(g,k0+1),(g+8,k0),(g+8,k0+1)},
+//          word 2j+1 = the same at k0+2, k0+3 (k0 = 16*tig + 4*j); prmt picks byte pairs.
+// Storage: qweight[e][k/64][nt][u][lane][4 words] with u in [0, bits/4): each warp-wide 16-byte
+// load reads 512 contiguous bytes. nt runs over NT n-tiles, N padded with zero tiles to a multiple
+// of 8 tiles (128 rows) so any block width of the tile table divides it.
+// Scales: scales[e][grp][nt][g] = f16 bits of s(row g) | s(row g+8) << 16 (the f16 value of the
+// checkpoint; a BF16 checkpoint scale is rounded to f16). zeros: the same shape with the integer
+// zero points z(row g) | z(row g+8) << 16, present only when some zero differs from 2^(bits-1).
+// Dequantisation is exact-then-one-rounding: (q - z) is an exact small integer in the activation
+// dtype, times s rounds once (the "q*s - z*s" fold would round z*s separately; see the .cuh).
+//
+// GEMM1 (gate/up, K = H, N = 2*I): tiles come in pairs, tile 2p = gate columns, tile 2p+1 = up
+// columns, for the same 16 intermediate columns 16p..16p+15, so the lane that holds gate[c] also
+// holds up[c] and the epilogue writes silu(gate)*up. Intermediate columns are stored in the order
+// of the down projection's act-order permutation, so GEMM2 reads them with no gather.
+// Act-order: K of GEMM1 is sorted by g_idx once here; perm[e][k] (and perm_up when the up
+// projection's g_idx differs from the gate's) says which channel of x the kernel gathers.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "wna16/half.h"
+
+namespace wna16::cuda {
+
+using Stream = void*;
+
+// One linear of one kernel expert in kernel order (k already sorted for act-order, n already in
+// the tile order described above), the packer's input.
+struct KernelLinear {
+  int64_t K = 0, N = 0;       // N here is the padded width: NT * 16
+  int64_t group_len = 0;      // kernel group length along k (K for group_size -1)
+  std::vector<uint8_t> q;     // [K, N] codes
+  std::vector<float> scales;  // [K / group_len, N]
+  std::vector<int32_t> zeros; // [K / group_len, N]
+};
+
+// All kernel experts of one GEMM, packed.
+struct PackedGemm {
+  int bits = 4;
+  int64_t E = 0, K = 0, N = 0;  // N: real output width (GEMM1: 2*I)
+  int64_t NT = 0;               // padded n-tiles (multiple of kTilePad)
+  int64_t group_len = 0, G = 0;
+  bool has_zeros = false;
+  std::vector<uint32_t> qweight;  // E * qweight_words_per_expert()
+  std::vector<uint32_t> scales;   // E * G * NT * 8
+  std::vector<uint32_t> zeros;    // same, or empty
+  std::vector<int32_t> perm;      // GEMM1 act-order: [E][K] channel gathered at sorted k; or empty
+  std::vector<int32_t> perm_up;   // [E][K] for the up tiles when their order differs; or empty
+
+  static constexpr int64_t kChunkK = 64;  // k per packed chunk
+  static constexpr int64_t kTilePad = 8;  // n-tiles padded to a multiple of this
+  int64_t qweight_words_per_expert() const { return (K / kChunkK) * NT * 32 * 4 * (bits / 4); }
+  int64_t meta_words_per_expert() const { return G * NT * 8; }
+  void init(int bits, int64_t E, int64_t K, int64_t N, int64_t group_len, bool has_zeros);
+};
+
+// Packs kernel expert e (K, N, group_len must match pg) into pg's arrays. Thread-safe for distinct e.
+void pack_kernel_linear(const KernelLinear& lin, int64_t e, PackedGemm& pg);
+
+// ---- launch ----------------------------------------------------------------------------------
+struct DeviceGemm {
+  int bits = 4;
+  int64_t E = 0, K = 0, N = 0, NT = 0, group_len = 0, G = 0;
+  const void* qweight = nullptr;
+  const uint32_t* scales = nullptr;
+  const uint32_t* zeros = nullptr;   // null: symmetric, zero = 2^(bits-1)
+  const int32_t* perm = nullptr;     // GEMM1 act-order only
+  const int32_t* perm_up = nullptr;  // GEMM1 act-order with a distinct up order only
+};
+
+enum class GemmEpilogue {
+  SiluMul,       // GEMM1: inter[padded_pos, c] = act(silu(gate) * up); x rows = token = slot / topk
+  WeightedSum,   // GEMM2: out_f32[token, n] += topk_weight[slot] * acc (fp32 atomics); x rows = padded_pos
+};
+
+struct GemmRun {
+  GemmEpilogue epilogue = GemmEpilogue::SiluMul;
+  DType act = DType::BF16;
+  int config = 0;                 // row of the tile table (gemm_config_block_m gives its BLOCK_M)
+  const void* x = nullptr;        // act [rows, K]
+  int64_t x_stride = 0;           // elements between rows
+  void* out = nullptr;            // SiluMul: act [max_padded, N/2]; WeightedSum: float [M, N]
+  const float* topk_weights = nullptr;  // WeightedSum: [num_slots]
+  int topk = 1;                   // slots per token
+  int64_t num_slots = 0;          // M * topk; also the align sentinel
+  const int32_t* sorted_ids = nullptr;
+  const int32_t* expert_ids = nullptr;
+  const int32_t* num_tokens_post_padded = nullptr;
+  int64_t max_blocks = 0;         // expert_ids capacity (grid bound)
+  int64_t mb_begin = 0;           // first m-block
+  int64_t mb_count = -1;          // < 0: all m-blocks, count read on the device from num_tokens_post_padded
+  int splits = 1;                 // split-K (WeightedSum only)
+};
+
+int gemm_config_count();
+int gemm_config_block_m(int config);
+const char* gemm_config_name(int config);
+// The tile config for M tokens routed to E experts with topk slots each.
+int choose_gemm_config(int64_t M, int64_t topk, int64_t E);
+// Split-K for the WeightedSum GEMM so that enough work items exist to fill every SM.
+int choose_splits(const DeviceGemm& w, int config, int64_t M, int64_t topk);
+
+// Sets the kernels' shared-memory limits and reads their occupancy (no launch); launch_moe_gemm
+// does it on first use otherwise. Call before capturing a graph.
+void prepare_moe_gemm(int bits);
+// Throws Error naming the bad value before anything is launched.
+void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream);
+
+}  // namespace wna16::cuda

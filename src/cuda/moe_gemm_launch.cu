@@ -1,0 +1,148 @@
+// Host launcher of the fused MoE GEMM: argument checks (naming the bad value), the tile-config and
+// split-K choice, and the dispatch to the per-bit-width instantiations.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <string>
+
+#include "cuda/cuda_check.h"
+#include "cuda/moe_gemm.h"
+#include "cuda/sm90_wna16_moe_gemm.cuh"
+#include "wna16/error.h"
+
+namespace wna16::cuda {
+namespace gemm {
+
+DeviceInfo device_info() {
+  static DeviceInfo info;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int dev = 0;
+    WNA16_CUDA_CHECK(cudaGetDevice(&dev));
+    WNA16_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev));
+    WNA16_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  });
+  return info;
+}
+
+}  // namespace gemm
+
+namespace {
+struct ConfigRow {
+  const char* name;
+  int block_m;
+  int block_n;
+};
+// Mirrors the tile table in sm90_wna16_moe_gemm.cuh (static_asserts below keep them in step).
+constexpr ConfigRow kConfigs[] = {
+    {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N},
+    {"m32", gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N},
+    {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N},
+};
+constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
+static_assert(kConfigs[0].block_m < kConfigs[1].block_m && kConfigs[1].block_m < kConfigs[2].block_m,
+              "configs are ordered by BLOCK_M; the largest sizes the workspace");
+}  // namespace
+
+int gemm_config_count() { return kNumConfigs; }
+int gemm_config_block_m(int config) {
+  if (config < 0 || config >= kNumConfigs) throw Error("GEMM config " + std::to_string(config) + " does not exist");
+  return kConfigs[config].block_m;
+}
+const char* gemm_config_name(int config) { return kConfigs[std::clamp(config, 0, kNumConfigs - 1)].name; }
+
+int choose_gemm_config(int64_t M, int64_t topk, int64_t E) {
+  // Expected number of experts that receive a token under uniform routing, and tokens per such
+  // expert: the MMA's token width should match it (padding is wasted MMA work and registers).
+  const double p = std::min(1.0, double(topk) / double(E));
+  const double active = std::max(1.0, double(E) * (1.0 - std::pow(1.0 - p, double(M))));
+  const double per_expert = double(M) * double(topk) / active;
+  if (per_expert <= 8.0) return 0;
+  if (per_expert <= 40.0) return 1;
+  return 2;
+}
+
+int choose_splits(const DeviceGemm& w, int config, int64_t M, int64_t topk) {
+  const int64_t bm = gemm_config_block_m(config);
+  const int64_t slots = M * topk;
+  const int64_t est_mblocks = std::min<int64_t>(w.E, slots) + (slots + bm - 1) / bm;
+  const int64_t nb = w.NT / (kConfigs[config].block_n / 16);
+  const int64_t items = std::max<int64_t>(1, est_mblocks * nb);
+  const int64_t target = int64_t(gemm::device_info().sms) * 8;  // ~ resident blocks of the small configs
+  const int64_t kc = w.K / PackedGemm::kChunkK;
+  int64_t splits = (target + items - 1) / items;
+  splits = std::min<int64_t>(splits, std::max<int64_t>(1, kc / 8));  // keep >= 8 chunks per split
+  return int(std::clamp<int64_t>(splits, 1, 16));
+}
+
+void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
+  if (w.bits != 4 && w.bits != 8) throw Error("bits=" + std::to_string(w.bits) + " is not supported (4 or 8)");
+  if (r.act != DType::BF16 && r.act != DType::F16)
+    throw Error(std::string("activation dtype ") + dtype_name(r.act) + " is not supported (f16 or bf16)");
+  if (w.K % PackedGemm::kChunkK != 0)
+    throw Error("K=" + std::to_string(w.K) + " is not a multiple of " + std::to_string(PackedGemm::kChunkK));
+  if (w.NT % PackedGemm::kTilePad != 0 || w.NT * 16 < w.N)
+    throw Error("packed n-tiles NT=" + std::to_string(w.NT) + " do not cover N=" + std::to_string(w.N));
+  if (w.group_len <= 0 || w.group_len % 16 != 0 || w.K % w.group_len != 0)
+    throw Error("group length " + std::to_string(w.group_len) + " is not a multiple of 16 dividing K=" +
+                std::to_string(w.K));
+  if (r.config < 0 || r.config >= kNumConfigs) throw Error("GEMM config " + std::to_string(r.config) + " does not exist");
+  if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
+    throw Error("gate/up GEMM N=" + std::to_string(w.N) + " (2*I) is not a multiple of 32");
+  if (r.epilogue == GemmEpilogue::SiluMul && r.splits != 1)
+    throw Error("split-K=" + std::to_string(r.splits) + " is not possible before the SiLU epilogue");
+  if (r.splits < 1) throw Error("split-K=" + std::to_string(r.splits) + " must be >= 1");
+  if (r.num_slots < 0 || r.num_slots >= (int64_t(1) << 31) || r.topk < 1)
+    throw Error("num_slots=" + std::to_string(r.num_slots) + " / topk=" + std::to_string(r.topk) + " out of range");
+  if (!w.qweight || !w.scales || !r.x || !r.out || !r.sorted_ids || !r.expert_ids ||
+      (r.mb_count < 0 && !r.num_tokens_post_padded) || (r.epilogue == GemmEpilogue::WeightedSum && !r.topk_weights))
+    throw Error("launch_moe_gemm: a required device pointer is null");
+  if (r.num_slots == 0 || r.mb_count == 0) return;
+
+  gemm::KParams kp{};
+  kp.qweight = static_cast<const uint4*>(w.qweight);
+  kp.scales = w.scales;
+  kp.zeros = w.zeros;
+  kp.perm = w.perm;
+  kp.perm_up = w.perm_up;
+  kp.qw_stride = (w.K / PackedGemm::kChunkK) * w.NT * 32 * (w.bits / 4);
+  kp.meta_stride = w.G * w.NT * 8;
+  kp.K = int(w.K);
+  kp.N = int(w.N);
+  kp.NT = int(w.NT);
+  kp.group_len = int(w.group_len);
+  kp.KC = int(w.K / PackedGemm::kChunkK);
+  kp.default_zero = (1u << (w.bits - 1)) * 0x10001u;
+  kp.x = r.x;
+  kp.x_stride = r.x_stride;
+  kp.out = r.out;
+  kp.out_stride = r.epilogue == GemmEpilogue::SiluMul ? w.N / 2 : w.N;
+  kp.topk_weights = r.topk_weights;
+  kp.topk = r.topk;
+  kp.num_slots = int(r.num_slots);
+  kp.sorted_ids = r.sorted_ids;
+  kp.expert_ids = r.expert_ids;
+  kp.ntpp = r.num_tokens_post_padded;
+  kp.mb_begin = int(r.mb_begin);
+  kp.mb_count = int(r.mb_count);
+  kp.kc_per_split = int((kp.KC + r.splits - 1) / r.splits);
+  kp.splits = (kp.KC + kp.kc_per_split - 1) / kp.kc_per_split;  // no empty split
+  kp.epilogue = r.epilogue == GemmEpilogue::SiluMul ? 0 : 1;
+  const int64_t upper = r.mb_count >= 0 ? r.mb_count : r.max_blocks;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (w.bits == 4) gemm::launch_w4(&kp, r.config, r.act, upper, s);
+  else gemm::launch_w8(&kp, r.config, r.act, upper, s);
+}
+
+void prepare_moe_gemm(int bits) {
+  if (bits != 4 && bits != 8) throw Error("bits=" + std::to_string(bits) + " is not supported (4 or 8)");
+  for (int c = 0; c < kNumConfigs; ++c)
+    for (DType act : {DType::BF16, DType::F16}) {
+      if (bits == 4) gemm::launch_w4(nullptr, c, act, 0, nullptr);
+      else gemm::launch_w8(nullptr, c, act, 0, nullptr);
+    }
+}
+
+}  // namespace wna16::cuda

@@ -1,0 +1,26 @@
+// The small kernels around the fused GEMMs: router logits, shared-expert slots, the fp32 -> act
+// cast. Raw device pointers and a stream; no allocation, no host synchronisation.
+#pragma once
+#include <cstdint>
+
+#include "wna16/half.h"
+
+namespace wna16::cuda {
+
+using Stream = void*;
+
+// logits[m, e] = sum_h x[m, h] * router[e, h] in fp32 for e < E; when E_ext = E + 1 the extra
+// router row is the shared-expert gate and its result goes to gate_logit[m] instead.
+// x: act [M, H]; router: fp32 [E_ext, H]; H a multiple of 4.
+void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const float* router, int E, int E_ext,
+                          float* logits, float* gate_logit, Stream stream);
+
+// Appends the S shared-expert slices as extra choices of every token: ids2[m, 0..k) = ids[m, :],
+// ids2[m, k+s] = E + s with weight 1 (gate_logit null) or sigmoid(gate_logit[m]).
+void launch_append_shared(const int32_t* ids, const float* weights, const float* gate_logit, int64_t M, int k,
+                          int S, int E, int32_t* ids2, float* weights2, Stream stream);
+
+// out[i] = act(acc[i]) for i < n (n a multiple of 4).
+void launch_cast_out(const float* acc, void* out, DType act, int64_t n, Stream stream);
+
+}  // namespace wna16::cuda

@@ -1,0 +1,528 @@
+// The fused grouped W4A16 / W8A16 MoE GEMM (device code + templated launcher). One launch covers
+// every expert: work items are (m-block of the align output, n-block, k-split); a persistent grid
+// walks them, and the number of m-blocks is read on the device from num_tokens_post_padded, so
+// blocks past the padded count never start work and the launch is capturable in a CUDA graph.
+// Weight layout and operand roles: see moe_gemm.h. Instantiated per bit width in
+// sm90_wna16_moe_gemm_w{4,8}.cu.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <type_traits>
+
+#include "cuda/cuda_check.h"
+#include "cuda/moe_gemm.h"
+
+namespace wna16::cuda::gemm {
+
+// ---- tile table (a row may change speed, never results) ----------------------------------------
+// Warps sit side by side along n and share the block's token tile (the B operand in shared
+// memory); each warp owns WN = 2 consecutive 16-row weight tiles, which in GEMM1 are one gate/up
+// pair, so the SiLU(gate)*up epilogue stays inside the lane.
+template <int WARPS_, int WM_, int STAGES_, bool EVICT_FIRST_>
+struct TileConfig {
+  static constexpr int WARPS = WARPS_;             // warps per block, side by side along n
+  static constexpr int WN = 2;                     // 16-row weight tiles per warp (a gate/up pair)
+  static constexpr int WM = WM_;                   // 8-token MMA columns per warp (= BLOCK_M / 8)
+  static constexpr int STAGES = STAGES_;           // cp.async pipeline depth (64 k per stage)
+  static constexpr bool EVICT_FIRST = EVICT_FIRST_;  // weights read once per call: don't keep in L2
+  static constexpr int THREADS = WARPS * 32;
+  static constexpr int NTB = WARPS * WN;           // 16-row tiles per block
+  static constexpr int BLOCK_N = NTB * 16;
+  static constexpr int BLOCK_M = WM * 8;
+  static_assert(PackedGemm::kTilePad % NTB == 0, "a block's tiles must divide the n-tile padding");
+  static_assert(BLOCK_M <= THREADS, "one thread per token row fills the row tables");
+  static_assert(STAGES >= 2 && STAGES <= 8, "pipeline depth");
+  static_assert(WM >= 1 && WM <= 8, "accumulators: WN*WM*4 floats per lane");
+};
+
+// Decode (a few tokens per expert): 8-token tiles, small blocks, deep pipelines, evict-first.
+using CfgM8 = TileConfig<2, 1, 8, true>;
+// Medium (up to ~40 tokens per expert).
+using CfgM32 = TileConfig<4, 4, 4, true>;
+// Prefill: 64-token tiles, each dequantised weight fragment feeds 8 MMAs; weights reused via L2.
+using CfgM64 = TileConfig<4, 8, 4, false>;
+
+// ---- PTX helpers ----------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global->shared; src_bytes = 0 zero-fills (padding rows).
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async16_hint(void* dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "l"(policy));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+template <int LUT>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c), "n"(LUT));
+  return r;
+}
+
+// ---- activation-type traits -------------------------------------------------------------------
+template <class T>
+struct Act;
+
+template <>
+struct Act<__half> {
+  // 0x6400 = 1024.0: OR-ing a code q < 1024 into the mantissa gives exactly 1024 + q.
+  static constexpr uint32_t kMagic = 0x6400u;
+  __device__ static __forceinline__ uint32_t sub2(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+  }
+  __device__ static __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+  }
+  // The checkpoint's f16 scale is the f16 operand as is.
+  __device__ static __forceinline__ uint32_t scale2(uint32_t s16) { return s16 * 0x10001u; }
+  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static __forceinline__ void store(void* p, float v) { *static_cast<__half*>(p) = __float2half_rn(v); }
+};
+
+template <>
+struct Act<__nv_bfloat16> {
+  // 0x4300 = 128.0 in bf16 (7 mantissa bits): 128 + q is exact for q < 128.
+  static constexpr uint32_t kMagic = 0x4300u;
+  __device__ static __forceinline__ uint32_t sub2(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+  }
+  __device__ static __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+  }
+  // NOTE: the f16 scale is rounded to bf16 once per group here (the weight then carries bf16's
+  // 8 significant bits, the same precision as the activations it multiplies).
+  __device__ static __forceinline__ uint32_t scale2(uint32_t s16) {
+    const float f = __half2float(__ushort_as_half(static_cast<unsigned short>(s16)));
+    const uint32_t b = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    return b * 0x10001u;
+  }
+  __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static __forceinline__ void store(void* p, float v) {
+    *static_cast<__nv_bfloat16*>(p) = __float2bfloat16_rn(v);
+  }
+};
+
+// Per lane and 16-row tile, what dequantisation needs for the current group: rows g and g+8.
+template <class T, int BITS>
+struct TileMeta {
+  uint32_t s_lo, s_hi;  // scale pairs (both halves equal) in T; int8+bf16: unused
+  uint32_t z_lo, z_hi;  // (magic + z) pairs in T; int8+bf16: unused
+  float fs_lo, fs_hi, fz_lo, fz_hi;  // int8+bf16 only: fp32 scale and 2^23 + z
+
+  __device__ __forceinline__ void load(uint32_t sw, uint32_t zw) {
+    const uint32_t zl = zw & 0xffffu, zh = zw >> 16;
+    if constexpr (BITS == 8 && std::is_same_v<T, __nv_bfloat16>) {
+      // 8-bit codes do not fit bf16's 7-bit mantissa trick: go through fp32 (2^23 + q is exact).
+      fs_lo = __half2float(__ushort_as_half(static_cast<unsigned short>(sw & 0xffffu)));
+      fs_hi = __half2float(__ushort_as_half(static_cast<unsigned short>(sw >> 16)));
+      fz_lo = 8388608.0f + static_cast<float>(zl);
+      fz_hi = 8388608.0f + static_cast<float>(zh);
+    } else {
+      s_lo = Act<T>::scale2(sw & 0xffffu);
+      s_hi = Act<T>::scale2(sw >> 16);
+      z_lo = (Act<T>::kMagic | zl) * 0x10001u;
+      z_hi = (Act<T>::kMagic | zh) * 0x10001u;
+    }
+  }
+};
+
+// Codes of MMA k-step j (words of this lane's chunk data) -> the 4 A-operand registers.
+// (q - z) is exact in T (small integers), times s rounds once.
+template <class T, int BITS>
+__device__ __forceinline__ void dequant(const uint32_t* wv, int j, const TileMeta<T, BITS>& m, uint32_t (&a)[4]) {
+  using A = Act<T>;
+  if constexpr (BITS == 4) {
+    const uint32_t w = wv[j];
+    constexpr uint32_t kMask = 0x000f000fu, kMagic2 = A::kMagic * 0x10001u;
+    // (x & mask) | magic in one lop3: nibbles i and i+4 land in the two halves of register i.
+    a[0] = A::mul2(A::sub2(lop3<0xEA>(w, kMask, kMagic2), m.z_lo), m.s_lo);
+    a[1] = A::mul2(A::sub2(lop3<0xEA>(w >> 4, kMask, kMagic2), m.z_hi), m.s_hi);
+    a[2] = A::mul2(A::sub2(lop3<0xEA>(w >> 8, kMask, kMagic2), m.z_lo), m.s_lo);
+    a[3] = A::mul2(A::sub2(lop3<0xEA>(w >> 12, kMask, kMagic2), m.z_hi), m.s_hi);
+  } else if constexpr (std::is_same_v<T, __half>) {
+    const uint32_t w0 = wv[2 * j], w1 = wv[2 * j + 1];
+    // prmt builds {0x64, q_b, 0x64, q_a}: two f16 values 1024 + q.
+    a[0] = A::mul2(A::sub2(__byte_perm(w0, 0x64646464u, 0x4140), m.z_lo), m.s_lo);
+    a[1] = A::mul2(A::sub2(__byte_perm(w0, 0x64646464u, 0x4342), m.z_hi), m.s_hi);
+    a[2] = A::mul2(A::sub2(__byte_perm(w1, 0x64646464u, 0x4140), m.z_lo), m.s_lo);
+    a[3] = A::mul2(A::sub2(__byte_perm(w1, 0x64646464u, 0x4342), m.z_hi), m.s_hi);
+  } else {
+    const uint32_t w0 = wv[2 * j], w1 = wv[2 * j + 1];
+    // prmt builds the fp32 bit pattern 0x4B0000qq = 2^23 + q.
+    auto f = [](uint32_t w, int byte) { return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540 | byte)); };
+    auto pk = [](float lo, float hi) {
+      __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      return *reinterpret_cast<uint32_t*>(&v);
+    };
+    a[0] = pk((f(w0, 0) - m.fz_lo) * m.fs_lo, (f(w0, 1) - m.fz_lo) * m.fs_lo);
+    a[1] = pk((f(w0, 2) - m.fz_hi) * m.fs_hi, (f(w0, 3) - m.fz_hi) * m.fs_hi);
+    a[2] = pk((f(w1, 0) - m.fz_lo) * m.fs_lo, (f(w1, 1) - m.fz_lo) * m.fs_lo);
+    a[3] = pk((f(w1, 2) - m.fz_hi) * m.fs_hi, (f(w1, 3) - m.fz_hi) * m.fs_hi);
+  }
+}
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
+
+// Kernel arguments (by value; everything the launcher checked).
+struct KParams {
+  const uint4* qweight;
+  const uint32_t* scales;
+  const uint32_t* zeros;    // null: symmetric
+  const int32_t* perm;      // GEMM1 act-order gather for the gate (or all) tiles; null: none
+  const int32_t* perm_up;   // GEMM1 act-order gather for the up tiles when it differs; null: same
+  int64_t qw_stride;        // uint4 per expert
+  int64_t meta_stride;      // words per expert
+  int K, N, NT, group_len, KC;
+  uint32_t default_zero;    // (2^(bits-1)) in both halves, when zeros == null
+  const void* x;
+  int64_t x_stride;
+  void* out;
+  int64_t out_stride;
+  const float* topk_weights;
+  int topk;
+  int num_slots;
+  const int32_t* sorted_ids;
+  const int32_t* expert_ids;
+  const int32_t* ntpp;
+  int mb_begin, mb_count;
+  int splits, kc_per_split;
+  int epilogue;  // 0: SiluMul, 1: WeightedSum
+};
+
+template <class CFG, int BITS>
+struct Smem {
+  static constexpr int U = BITS / 4;  // 16-byte words per lane per chunk
+  static constexpr int kXRow = 9;     // 16-byte units per token row: 8 + 1 pad (no bank conflicts)
+  static constexpr int kWBytes = CFG::NTB * U * 32 * 16;
+  static constexpr int kXBytes = CFG::BLOCK_M * kXRow * 16;
+  static constexpr int kMetaBytes = CFG::NTB * 32 * 4;
+  static constexpr int stage_bytes(int xcopies) { return kWBytes + xcopies * kXBytes + 2 * kMetaBytes; }
+  static constexpr int bytes(int xcopies) { return CFG::STAGES * stage_bytes(xcopies); }
+};
+
+template <class CFG, class T, int BITS>
+__global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KParams p) {
+  using S = Smem<CFG, BITS>;
+  constexpr int U = S::U, BM = CFG::BLOCK_M, NTB = CFG::NTB, WN = CFG::WN, WM = CFG::WM;
+  constexpr int STAGES = CFG::STAGES, THREADS = CFG::THREADS;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int s_src[BM];   // x row feeding each token column; -1: padding
+  __shared__ int s_slot[BM];  // slot (token * topk + choice) of each column; -1: padding
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tig = lane & 3;
+  const int xcopies = p.perm_up != nullptr ? 2 : 1;
+  const int stage_bytes = S::stage_bytes(xcopies);
+  const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / BM);
+  const int nb_count = p.NT / NTB;
+  const int64_t total = int64_t(num_mb) * nb_count * p.splits;
+  uint64_t policy = 0;
+  if constexpr (CFG::EVICT_FIRST) policy = evict_first_policy();
+  const T* x = static_cast<const T*>(p.x);
+
+  for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+    const int split = int(item % p.splits);
+    const int64_t rest = item / p.splits;
+    const int nb = int(rest % nb_count);
+    const int mb = p.mb_begin + int(rest / nb_count);
+    const int expert = __ldg(p.expert_ids + mb);
+    __syncthreads();  // the previous item is done with s_src / s_slot and every stage buffer
+    int is_valid = 0;
+    if (tid < BM) {
+      const int slot = __ldg(p.sorted_ids + int64_t(mb) * BM + tid);
+      is_valid = slot >= 0 && slot < p.num_slots;
+      s_slot[tid] = is_valid ? slot : -1;
+      s_src[tid] = !is_valid ? -1 : (p.epilogue == 0 ? slot / p.topk : mb * BM + tid);
+    }
+    // Valid columns form a prefix (align pads each expert's run at its end).
+    const int nvalid = __syncthreads_count(is_valid);
+    if (expert < 0 || nvalid == 0) continue;  // uniform across the block
+    const int nact = (nvalid + 7) / 8;        // 8-token MMA columns holding at least one token
+    const int kc0 = split * p.kc_per_split;
+    const int nk = min(p.KC, kc0 + p.kc_per_split) - kc0;
+    if (nk <= 0) continue;
+
+    const uint4* wexp = p.qweight + int64_t(expert) * p.qw_stride + int64_t(nb) * NTB * U * 32;
+    const int64_t meta_base = int64_t(expert) * p.meta_stride + int64_t(nb) * NTB * 8;
+    const int32_t* perm_e = p.perm ? p.perm + int64_t(expert) * p.K : nullptr;
+    const int32_t* perm_up_e = p.perm_up ? p.perm_up + int64_t(expert) * p.K : nullptr;
+
+    auto load_stage = [&](int kc, int st) {
+      unsigned char* sb = smem + st * stage_bytes;
+      uint4* sw = reinterpret_cast<uint4*>(sb);
+      // Weights: for one k-chunk the block's NTB tiles are contiguous in memory.
+      const uint4* wsrc = wexp + int64_t(kc) * p.NT * U * 32;
+#pragma unroll
+      for (int i = tid; i < NTB * U * 32; i += THREADS) {
+        if constexpr (CFG::EVICT_FIRST) cp_async16_hint(sw + i, wsrc + i, policy);
+        else cp_async16(sw + i, wsrc + i);
+      }
+      // Activations: BM rows x 64 k (eight 16-byte units), zero-filled for padding rows.
+      uint4* sx = reinterpret_cast<uint4*>(sb + S::kWBytes);
+      for (int c = 0; c < xcopies; ++c) {
+        const int32_t* pm = c == 0 ? perm_e : perm_up_e;
+        for (int i = tid; i < BM * 8; i += THREADS) {
+          const int r = i >> 3, seg = i & 7;
+          const int src = s_src[r];
+          uint4* dst = sx + c * BM * S::kXRow + r * S::kXRow + seg;
+          const int k = kc * 64 + seg * 8;
+          if (pm == nullptr) {
+            cp_async16_zfill(dst, src >= 0 ? x + int64_t(src) * p.x_stride + k : x, src >= 0);
+          } else {
+            // Act-order: gather the channels in sorted-g_idx order (synchronous; the stage being
+            // written is not read until after the next barrier).
+            uint32_t v[4] = {0u, 0u, 0u, 0u};
+            if (src >= 0) {
+              const unsigned short* xr = reinterpret_cast<const unsigned short*>(x + int64_t(src) * p.x_stride);
+#pragma unroll
+              for (int q = 0; q < 8; ++q)
+                v[q >> 1] |= uint32_t(__ldg(xr + __ldg(pm + k + q))) << (16 * (q & 1));
+            }
+            *dst = make_uint4(v[0], v[1], v[2], v[3]);
+          }
+        }
+      }
+      // Scales (and zeros) of each lane's group for this chunk: lane tig covers k in
+      // [64*kc + 16*tig, +16), always inside one group (group_len is a multiple of 16).
+      uint32_t* ss = reinterpret_cast<uint32_t*>(sb + S::kWBytes + xcopies * S::kXBytes);
+      uint32_t* sz = ss + NTB * 32;
+      for (int i = tid; i < NTB * 32; i += THREADS) {
+        const int ntl = i >> 5, ln = i & 31;
+        const int grp = (kc * 64 + (ln & 3) * 16) / p.group_len;
+        const int64_t off = meta_base + (int64_t(grp) * p.NT + ntl) * 8 + (ln >> 2);
+        cp_async4(ss + i, p.scales + off);
+        if (p.zeros) cp_async4(sz + i, p.zeros + off);
+      }
+    };
+
+    float acc[WN][WM][4];
+#pragma unroll
+    for (int i = 0; i < WN; ++i)
+#pragma unroll
+      for (int t = 0; t < WM; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][t][e] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < nk) load_stage(kc0 + s, s);
+      cp_async_commit();
+    }
+
+    for (int kt = 0; kt < nk; ++kt) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // stage kt visible to all; everyone is past stage kt-1 (its buffer is reused)
+      {
+        const int nx = kt + STAGES - 1;
+        if (nx < nk) load_stage(kc0 + nx, nx % STAGES);
+        cp_async_commit();
+      }
+      const unsigned char* sb = smem + (kt % STAGES) * stage_bytes;
+      const uint4* sw = reinterpret_cast<const uint4*>(sb);
+      const uint4* sx = reinterpret_cast<const uint4*>(sb + S::kWBytes);
+      const uint32_t* ss = reinterpret_cast<const uint32_t*>(sb + S::kWBytes + xcopies * S::kXBytes);
+      const uint32_t* sz = ss + NTB * 32;
+
+      uint32_t wq[WN][4 * U];
+      TileMeta<T, BITS> meta[WN];
+#pragma unroll
+      for (int i = 0; i < WN; ++i) {
+        const int ntl = warp * WN + i;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const uint4 v = sw[(ntl * U + u) * 32 + lane];
+          wq[i][4 * u + 0] = v.x;
+          wq[i][4 * u + 1] = v.y;
+          wq[i][4 * u + 2] = v.z;
+          wq[i][4 * u + 3] = v.w;
+        }
+        meta[i].load(ss[ntl * 32 + lane], p.zeros ? sz[ntl * 32 + lane] : p.default_zero);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // B operand: token row (t*8 + g), 16-byte unit (2*tig + h) = real k 16*tig + 8*h .. +8,
+        // i.e. MMA k-steps 2h (words 0,1) and 2h+1 (words 2,3).
+        uint4 xb[WM];
+#pragma unroll
+        for (int t = 0; t < WM; ++t)
+          if (t < nact) xb[t] = sx[(t * 8 + g) * S::kXRow + 2 * tig + h];
+#pragma unroll
+        for (int i = 0; i < WN; ++i) {
+          if (i == 1 && xcopies == 2) {
+            // Up tiles of GEMM1 with their own act-order: the second activation copy.
+#pragma unroll
+            for (int t = 0; t < WM; ++t)
+              if (t < nact) xb[t] = sx[BM * S::kXRow + (t * 8 + g) * S::kXRow + 2 * tig + h];
+          }
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            uint32_t a[4];
+            dequant<T, BITS>(wq[i], 2 * h + jj, meta[i], a);
+#pragma unroll
+            for (int t = 0; t < WM; ++t)
+              if (t < nact) Act<T>::mma(acc[i][t], a, jj ? xb[t].z : xb[t].x, jj ? xb[t].w : xb[t].y);
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+
+    // ---- epilogue: C rows are weight rows (g, g+8), columns are tokens (2*tig, 2*tig+1) ----
+    if (p.epilogue == 0) {
+      // Tiles (2p, 2p+1) = gate, up of intermediate columns 16p + g and 16p + g + 8.
+      const int pair = (nb * NTB + warp * WN) / 2;
+      const int c_lo = pair * 16 + g, c_hi = c_lo + 8;
+      if (c_lo < p.N / 2) {
+#pragma unroll
+        for (int t = 0; t < WM; ++t) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = t * 8 + 2 * tig + e;
+            if (t < nact && s_slot[col] >= 0) {
+              char* row = static_cast<char*>(p.out) + (int64_t(mb) * BM + col) * p.out_stride * int64_t(sizeof(T));
+              Act<T>::store(row + c_lo * sizeof(T), silu(acc[0][t][e]) * acc[1][t][e]);
+              if (c_hi < p.N / 2) Act<T>::store(row + c_hi * sizeof(T), silu(acc[0][t][2 + e]) * acc[1][t][2 + e]);
+            }
+          }
+        }
+      }
+    } else {
+      float* out = static_cast<float*>(p.out);
+#pragma unroll
+      for (int i = 0; i < WN; ++i) {
+        const int n_lo = (nb * NTB + warp * WN + i) * 16 + g;
+        if (n_lo >= p.N) continue;
+#pragma unroll
+        for (int t = 0; t < WM; ++t) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = t * 8 + 2 * tig + e;
+            const int slot = t < nact ? s_slot[col] : -1;
+            if (slot >= 0) {
+              const float w = __ldg(p.topk_weights + slot);
+              float* orow = out + int64_t(slot / p.topk) * p.out_stride;
+              atomicAdd(orow + n_lo, w * acc[i][t][e]);
+              atomicAdd(orow + n_lo + 8, w * acc[i][t][2 + e]);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- host side ---------------------------------------------------------------------------------
+struct DeviceInfo {
+  int sms = 0;
+  int max_smem_optin = 0;
+};
+DeviceInfo device_info();  // cached per process (current device at first call)
+
+// Once per instantiation: raise the dynamic shared-memory limit and remember the occupancy for
+// one and two activation copies (a persistent grid of exactly the blocks that fit). Done at layer
+// construction too, so a first forward() inside a graph capture only launches.
+template <class CFG, class T, int BITS>
+const int* prepare_config() {
+  using S = Smem<CFG, BITS>;
+  static int blocks_per_sm[3] = {0, 0, 0};
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto kern = wna16_moe_gemm_kernel<CFG, T, BITS>;
+    const DeviceInfo di = device_info();
+    if (S::bytes(2) > di.max_smem_optin)
+      throw Error("tile config needs " + std::to_string(S::bytes(2)) + " bytes of shared memory; the device allows " +
+                  std::to_string(di.max_smem_optin));
+    WNA16_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes(2)));
+    for (int xc = 1; xc <= 2; ++xc) {
+      int n = 0;
+      WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, CFG::THREADS, S::bytes(xc)));
+      if (n < 1) throw Error("tile config cannot be resident on this device");
+      blocks_per_sm[xc] = n;
+    }
+  });
+  return blocks_per_sm;
+}
+
+template <class CFG, class T, int BITS>
+void launch_config(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream) {
+  using S = Smem<CFG, BITS>;
+  const int xcopies = kp.perm_up ? 2 : 1;
+  const int bps = prepare_config<CFG, T, BITS>()[xcopies];
+  const int64_t nb_count = kp.NT / CFG::NTB;
+  const int64_t upper = upper_mblocks * nb_count * kp.splits;
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, int64_t(device_info().sms) * bps));
+  wna16_moe_gemm_kernel<CFG, T, BITS><<<dim3(unsigned(grid)), dim3(CFG::THREADS), S::bytes(xcopies), stream>>>(kp);
+  WNA16_CUDA_CHECK_LAUNCH();
+}
+
+// kp == nullptr: only prepare the instantiation.
+template <int BITS>
+void launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s) {
+  auto by_act = [&](auto cfg) {
+    using C = decltype(cfg);
+    if (act == DType::BF16) {
+      if (kp) launch_config<C, __nv_bfloat16, BITS>(*kp, upper_mblocks, s);
+      else prepare_config<C, __nv_bfloat16, BITS>();
+    } else {
+      if (kp) launch_config<C, __half, BITS>(*kp, upper_mblocks, s);
+      else prepare_config<C, __half, BITS>();
+    }
+  };
+  switch (config) {
+    case 0: by_act(CfgM8{}); break;
+    case 1: by_act(CfgM32{}); break;
+    default: by_act(CfgM64{}); break;
+  }
+}
+
+// One translation unit per bit width (compile time: 6 kernels each).
+// kp == nullptr: prepare only (shared-memory limit, occupancy).
+void launch_w4(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s);
+void launch_w8(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s);
+
+}  // namespace wna16::cuda::gemm

@@ -1,0 +1,314 @@
+// The whole CUDA MoE layer (router -> routing -> align -> GEMM1 -> GEMM2 -> top-k sum) against the
+// float64 reference (moe_reference), relative Frobenius error within layer_tolerance(act): every
+// format and group size, int4 / int8, bf16 / f16, act-order, shared experts (plain and gated), the
+// DeepSeek routings, awkward real widths, M from 1 to 4096, E up to 256, experts with no tokens, all
+// tokens on one expert; poisoned outputs; the per-expert loop baseline; graph capture and replay.
+#include "gpu/gpu_test_util.h"
+
+#ifdef WNA16_HAVE_CUDA
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "wna16/backend.h"
+#include "wna16/cuda.h"
+#include "wna16/error.h"
+#include "wna16/half.h"
+#include "wna16/moe.h"
+#include "wna16/reference.h"
+
+namespace wna16::cuda {
+namespace {
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t n) { cudaMalloc(&p, n ? n : 4); }
+  ~Dev() { cudaFree(p); }
+};
+
+uint16_t to_act(DType t, float f) { return t == DType::BF16 ? float_to_bf16(f) : float_to_f16(f); }
+float from_act(DType t, uint16_t h) { return t == DType::BF16 ? bf16_to_float(h) : f16_to_float(h); }
+
+struct Inputs {
+  std::vector<uint16_t> x;
+  std::vector<float> xf;
+};
+Inputs random_inputs(int64_t M, int64_t H, DType act, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  Inputs in;
+  in.x.resize(size_t(M * H));
+  in.xf.resize(size_t(M * H));
+  for (size_t i = 0; i < in.x.size(); ++i) {
+    in.x[i] = to_act(act, nd(rng));
+    in.xf[i] = from_act(act, in.x[i]);
+  }
+  return in;
+}
+
+enum class Path { Fused, PerExpertLoop };
+
+// Runs the layer on fresh inputs with a NaN-poisoned output; returns the relative error.
+double layer_error(const MoeLayerSpec& spec, const MoeLayerWeights& w, const CudaMoeLayer& layer, DType act, int64_t M,
+                   uint64_t seed, Path path = Path::Fused) {
+  const int64_t H = spec.hidden;
+  const Inputs in = random_inputs(M, H, act, seed);
+  const std::vector<double> ref = moe_reference(spec, w, in.xf.data(), M);
+  Dev x(in.x.size() * 2), out(in.x.size() * 2), ws(layer.workspace_bytes(M));
+  cudaMemcpy(x.p, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice);
+  cudaMemset(out.p, 0xFF, in.x.size() * 2);
+  if (path == Path::Fused) layer.forward(x.p, out.p, M, act, ws.p, layer.workspace_bytes(M), nullptr);
+  else layer.forward_per_expert_loop(x.p, out.p, M, act, ws.p, layer.workspace_bytes(M), nullptr);
+  if (cudaDeviceSynchronize() != cudaSuccess) return INFINITY;
+  std::vector<uint16_t> o(in.x.size());
+  cudaMemcpy(o.data(), out.p, o.size() * 2, cudaMemcpyDeviceToHost);
+  std::vector<float> of(o.size());
+  for (size_t i = 0; i < o.size(); ++i) of[i] = from_act(act, o[i]);
+  return rel_error(of.data(), ref.data(), M * H);  // NaN (unwritten) anywhere gives +inf
+}
+
+MoeLayerSpec spec_of(const std::string& name, int64_t H, int64_t I, int E, int k) {
+  MoeLayerSpec s;
+  s.name = name;
+  s.hidden = H;
+  s.inter = I;
+  s.routing.num_experts = E;
+  s.routing.top_k = k;
+  return s;
+}
+
+QuantScheme scheme_of(Format f, int bits, int g, bool sym, bool act_order = false) {
+  QuantScheme q;
+  q.format = f;
+  q.bits = bits;
+  q.group_size = g;
+  q.sym = sym;
+  q.act_order = act_order;
+  return q;
+}
+
+void check_layer(const MoeLayerSpec& spec, const QuantScheme& scheme, DType act, std::vector<int64_t> Ms,
+                 uint64_t seed = 1) {
+  SCOPED_TRACE(spec.name + " " + scheme.describe() + " " + dtype_name(act));
+  const MoeLayerWeights w = random_layer(spec, scheme, seed);
+  const CudaMoeLayer layer(spec, w);
+  for (int64_t M : Ms) {
+    const double err = layer_error(spec, w, layer, act, M, seed * 1000 + uint64_t(M));
+    EXPECT_LT(err, layer_tolerance(act)) << "M=" << M;
+  }
+}
+
+TEST(CudaLayer, SmallPresetInt4Bf16AllM) {
+  WNA16_REQUIRE_GPU();
+  check_layer(preset("small"), scheme_of(Format::GptqV1, 4, 128, true), DType::BF16, {1, 3, 17, 118, 1024, 4096});
+}
+
+TEST(CudaLayer, FormatsAndGroups) {
+  WNA16_REQUIRE_GPU();
+  const MoeLayerSpec s = preset("small");
+  check_layer(s, scheme_of(Format::GptqV2, 4, 64, false), DType::F16, {1, 17, 118});
+  check_layer(s, scheme_of(Format::Awq, 4, 128, false), DType::BF16, {3, 118});
+  check_layer(s, scheme_of(Format::Awq, 4, 32, false), DType::F16, {17});
+  check_layer(s, scheme_of(Format::GptqV1, 4, 32, false), DType::BF16, {3, 118});
+  check_layer(s, scheme_of(Format::GptqV1, 4, -1, true), DType::BF16, {1, 118});
+  check_layer(s, scheme_of(Format::GptqV1, 4, -1, true), DType::F16, {17});
+}
+
+TEST(CudaLayer, Int8) {
+  WNA16_REQUIRE_GPU();
+  const MoeLayerSpec s = preset("small");
+  check_layer(s, scheme_of(Format::GptqV1, 8, 128, true), DType::BF16, {1, 17, 118});
+  check_layer(s, scheme_of(Format::GptqV2, 8, 32, false), DType::F16, {3, 118});
+  check_layer(s, scheme_of(Format::GptqV1, 8, 64, false), DType::BF16, {1024});
+  check_layer(s, scheme_of(Format::GptqV1, 8, -1, true), DType::F16, {1, 1024});
+}
+
+TEST(CudaLayer, ActOrder) {
+  WNA16_REQUIRE_GPU();
+  const MoeLayerSpec s = preset("small");
+  // random_layer gives gate and up different act-order permutations: the dual-gather path.
+  check_layer(s, scheme_of(Format::GptqV1, 4, 64, true, true), DType::BF16, {1, 17, 118, 1024});
+  check_layer(s, scheme_of(Format::GptqV2, 4, 32, false, true), DType::F16, {3, 118});
+  check_layer(s, scheme_of(Format::GptqV1, 8, 128, true, true), DType::BF16, {17});
+}
+
+TEST(CudaLayer, DeepSeekV3Routing256Experts) {
+  WNA16_REQUIRE_GPU();
+  MoeLayerSpec s = spec_of("dsv3-like", 256, 128, 256, 8);
+  s.routing.method = RoutingMethod::NoauxTc;
+  s.routing.n_group = 8;
+  s.routing.topk_group = 4;
+  s.routing.routed_scaling_factor = 2.5;
+  s.shared_kind = SharedExpertKind::Plain;
+  s.shared_inter = 128;
+  check_layer(s, scheme_of(Format::GptqV1, 4, 128, true), DType::BF16, {1, 3, 17, 118});
+  check_layer(s, scheme_of(Format::Awq, 4, 64, false), DType::F16, {17});
+}
+
+TEST(CudaLayer, DeepSeekV2AndQwenShapes) {
+  WNA16_REQUIRE_GPU();
+  MoeLayerSpec v2 = spec_of("dsv2-lite-like", 256, 128, 64, 6);
+  v2.routing.method = RoutingMethod::GroupLimitedGreedy;
+  v2.routing.n_group = 8;
+  v2.routing.topk_group = 3;
+  v2.routing.renormalize = false;
+  v2.routing.routed_scaling_factor = 1.5;
+  v2.shared_kind = SharedExpertKind::Plain;
+  v2.shared_inter = 256;
+  check_layer(v2, scheme_of(Format::GptqV1, 4, 64, true), DType::BF16, {3, 118});
+  // Qwen1.5-like: sigmoid-gated shared expert 4x wider than a routed one; no renormalisation.
+  MoeLayerSpec q = spec_of("qwen1.5-like", 256, 128, 60, 4);
+  q.routing.renormalize = false;
+  q.shared_kind = SharedExpertKind::SigmoidGated;
+  q.shared_inter = 512;
+  check_layer(q, scheme_of(Format::GptqV1, 4, 128, true), DType::F16, {1, 118});
+  // Shared width not a multiple of I (the last slice is zero-padded).
+  MoeLayerSpec odd = spec_of("shared-192", 256, 128, 8, 2);
+  odd.shared_kind = SharedExpertKind::Plain;
+  odd.shared_inter = 192;
+  check_layer(odd, scheme_of(Format::GptqV1, 4, 64, true), DType::BF16, {3, 17});
+  check_layer(odd, scheme_of(Format::GptqV1, 4, -1, false), DType::BF16, {17});
+}
+
+TEST(CudaLayer, AwkwardRealWidths) {
+  WNA16_REQUIRE_GPU();
+  check_layer(spec_of("H576-I1408", 576, 1408, 4, 2), scheme_of(Format::GptqV1, 4, 64, true), DType::BF16, {1, 17});
+  check_layer(spec_of("H256-I1344", 256, 1344, 4, 2), scheme_of(Format::Awq, 4, 64, false), DType::F16, {3});
+  check_layer(spec_of("H512-I768", 512, 768, 8, 2), scheme_of(Format::GptqV1, 4, 128, true), DType::BF16, {17});
+  check_layer(spec_of("K10944", 10944, 128, 4, 2), scheme_of(Format::GptqV1, 4, 64, true), DType::BF16, {3});
+  check_layer(spec_of("E1", 256, 128, 1, 1), scheme_of(Format::GptqV1, 4, 128, true), DType::BF16, {1, 118});
+}
+
+TEST(CudaLayer, AllTokensOnOneExpert) {
+  WNA16_REQUIRE_GPU();
+  MoeLayerSpec s = spec_of("one-expert", 256, 128, 16, 1);
+  s.routing.method = RoutingMethod::NoauxTc;
+  s.routing.n_group = 1;
+  s.routing.topk_group = 1;
+  MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 5);
+  for (auto& b : w.correction_bias) b = 0.f;
+  w.correction_bias[5] = 100.f;  // every token selects expert 5 (its weight is the unbiased score)
+  const CudaMoeLayer layer(s, w);
+  for (int64_t M : {1, 118, 1024}) {
+    Routing r;
+    const Inputs in = random_inputs(M, s.hidden, DType::BF16, 77);
+    moe_reference(s, w, in.xf.data(), M, &r);
+    for (int32_t id : r.ids) ASSERT_EQ(id, 5);
+    EXPECT_LT(layer_error(s, w, layer, DType::BF16, M, 77), layer_tolerance(DType::BF16)) << "M=" << M;
+  }
+}
+
+TEST(CudaLayer, PerExpertLoopBaselineMatches) {
+  WNA16_REQUIRE_GPU();
+  const MoeLayerSpec s = preset("small");
+  const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 3);
+  const CudaMoeLayer layer(s, w);
+  for (int64_t M : {1, 17, 1024})
+    EXPECT_LT(layer_error(s, w, layer, DType::BF16, M, 9, Path::PerExpertLoop), layer_tolerance(DType::BF16))
+        << "M=" << M;
+}
+
+TEST(CudaLayer, GraphCaptureReplayWithNewInputs) {
+  WNA16_REQUIRE_GPU();
+  const MoeLayerSpec s = preset("small");
+  const DType act = DType::BF16;
+  const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 4);
+  const CudaMoeLayer layer(s, w);
+  for (int64_t M : {3, 118}) {
+    const int64_t n = M * s.hidden;
+    Dev x(size_t(n) * 2), out(size_t(n) * 2), ws(layer.workspace_bytes(M));
+    cudaStream_t st;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    const Inputs a = random_inputs(M, s.hidden, act, 100), b = random_inputs(M, s.hidden, act, 200);
+    CUDA_OK(cudaMemcpy(x.p, a.x.data(), size_t(n) * 2, cudaMemcpyHostToDevice));
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    layer.forward(x.p, out.p, M, act, ws.p, layer.workspace_bytes(M), st);
+    CUDA_OK(cudaStreamEndCapture(st, &graph));
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    // Replay on new inputs, then the eager call on the same inputs.
+    CUDA_OK(cudaMemcpy(x.p, b.x.data(), size_t(n) * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(out.p, 0xFF, size_t(n) * 2));
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    const size_t nn = static_cast<size_t>(n);
+    std::vector<uint16_t> replay(nn), eager(nn);
+    CUDA_OK(cudaMemcpy(replay.data(), out.p, size_t(n) * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemset(out.p, 0xFF, size_t(n) * 2));
+    layer.forward(x.p, out.p, M, act, ws.p, layer.workspace_bytes(M), st);
+    CUDA_OK(cudaStreamSynchronize(st));
+    CUDA_OK(cudaMemcpy(eager.data(), out.p, size_t(n) * 2, cudaMemcpyDeviceToHost));
+    const std::vector<double> ref = moe_reference(s, w, b.xf.data(), M);
+    std::vector<float> rf(nn), ef(nn);
+    std::vector<double> ed(nn);
+    for (int64_t i = 0; i < n; ++i) {
+      rf[size_t(i)] = from_act(act, replay[size_t(i)]);
+      ef[size_t(i)] = from_act(act, eager[size_t(i)]);
+      ed[size_t(i)] = ef[size_t(i)];
+    }
+    EXPECT_LT(rel_error(rf.data(), ref.data(), n), layer_tolerance(act)) << "replay, M=" << M;
+    EXPECT_LT(rel_error(ef.data(), ref.data(), n), layer_tolerance(act)) << "eager, M=" << M;
+    // fp32 atomics may add in another order: equal up to the last bit of a few outputs.
+    EXPECT_LT(rel_error(rf.data(), ed.data(), n), 1e-2 * layer_tolerance(act)) << "replay vs eager, M=" << M;
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(st));
+  }
+}
+
+TEST(CudaLayer, BackendAdapterForwardHost) {
+  WNA16_REQUIRE_GPU();
+  const MoeLayerSpec s = preset("small");
+  const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 6);
+  ASSERT_TRUE(cuda_available());
+  auto layer = make_cuda_layer(s, w);
+  EXPECT_EQ(layer->device(), Device::Cuda);
+  const int64_t M = 9;
+  const Inputs in = random_inputs(M, s.hidden, DType::F16, 8);
+  std::vector<uint16_t> out(in.x.size(), 0xFFFF);
+  layer->forward_host(in.x.data(), out.data(), M, DType::F16);
+  const std::vector<double> ref = moe_reference(s, w, in.xf.data(), M);
+  std::vector<float> of(out.size());
+  for (size_t i = 0; i < out.size(); ++i) of[i] = f16_to_float(out[i]);
+  EXPECT_LT(rel_error(of.data(), ref.data(), M * s.hidden), layer_tolerance(DType::F16));
+}
+
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(CudaLayer, RefusesUnsupportedValuesBeforeLaunch) {
+  WNA16_REQUIRE_GPU();
+  const MoeLayerSpec s = preset("small");
+  {
+    const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 2, 128, true), 1);
+    EXPECT_NE(error_of([&] { CudaMoeLayer l(s, w); }).find("bits=2"), std::string::npos);
+  }
+  {
+    const MoeLayerSpec odd = spec_of("H96", 96, 64, 4, 2);
+    const MoeLayerWeights w = random_layer(odd, scheme_of(Format::GptqV1, 4, 32, true), 1);
+    const std::string msg = error_of([&] { CudaMoeLayer l(odd, w); });
+    EXPECT_NE(msg.find("H=96 is not a multiple of 64"), std::string::npos) << msg;
+  }
+  {
+    const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 1);
+    const CudaMoeLayer l(s, w);
+    Dev x(256 * 2 * 4), out(256 * 2 * 4), ws(16);
+    const std::string msg = error_of([&] { l.forward(x.p, out.p, 4, DType::BF16, ws.p, 16, nullptr); });
+    EXPECT_NE(msg.find("workspace of 16 bytes"), std::string::npos) << msg;
+    const std::string m2 = error_of([&] { l.forward(x.p, out.p, 4, DType::F32, ws.p, 16, nullptr); });
+    EXPECT_NE(m2.find("f32"), std::string::npos) << m2;
+  }
+}
+
+}  // namespace
+}  // namespace wna16::cuda
+#endif

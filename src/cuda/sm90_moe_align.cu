@@ -10,9 +10,11 @@
 //
 // The kernel, per CTA (all CTAs of the cluster do the same on their own slice of the slots):
 //  1. count:   each warp owns a contiguous chunk of slots and a row of per-expert counters in
-//              shared memory; 32 slots at a time, __match_any_sync groups the lanes with the same
-//              expert and the lowest lane adds the group size (no cross-warp contention, and the
-//              order inside the chunk is kept by construction).
+//              shared memory; 32 slots at a time, the lanes with the same expert find each other
+//              with one ballot per bit of the expert id (warp multi-split) and the lowest lane adds
+//              the group size (no cross-warp contention; the order inside the chunk is kept by
+//              construction). NOTE: ballots rather than __match_any_sync: a fixed, small cost
+//              (ceil(log2 E) votes) whatever the number of distinct experts in the round.
 //  2. prefix:  thread e turns column e of the count table into per-warp exclusive offsets and the
 //              CTA total; after a cluster barrier it reads the other CTAs' totals (DSMEM), pads each
 //              expert's total to block_m and takes a block-wide exclusive scan over experts.
@@ -63,10 +65,22 @@ __device__ __forceinline__ unsigned lanemask_lt() {
 // Split cluster barrier: arrive once this CTA is done reading the others' shared memory, wait just
 // before exiting (a CTA's shared memory must outlive every remote read of it).
 __device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait_acquire() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// The lanes of this warp whose key equals this lane's (valid keys >= 0; ids are < 2^nbits):
+// intersect, for every bit of the key, the ballot of the lanes that agree on that bit.
+__device__ __forceinline__ unsigned warp_peers(int key, int nbits) {
+  unsigned peers = __ballot_sync(0xffffffffu, key >= 0);
+  for (int b = 0; b < nbits; ++b) {
+    const bool bit = (key >> b) & 1;
+    const unsigned vote = __ballot_sync(0xffffffffu, bit);
+    peers &= bit ? vote : ~vote;
+  }
+  return peers;
 }
 
 // Walks this warp's chunk [begin, end) 32 slots per round, in slot order. Count mode adds each
@@ -76,7 +90,7 @@ __device__ __forceinline__ void cluster_wait_acquire() {
 // write out of bounds.
 template <bool kScatter>
 __device__ __forceinline__ void walk_chunk(const int32_t* __restrict__ topk_ids, int64_t begin,
-                                           int64_t end, int E, int32_t* row, int32_t* sorted) {
+                                           int64_t end, int E, int nbits, int32_t* row, int32_t* sorted) {
   const int lane = threadIdx.x & 31;
   const unsigned lt = lanemask_lt();
   for (int64_t base = begin; base < end; base += 32 * kAlignUnroll) {
@@ -90,15 +104,15 @@ __device__ __forceinline__ void walk_chunk(const int32_t* __restrict__ topk_ids,
 #pragma unroll
     for (int u = 0; u < kAlignUnroll; ++u) {
       if (base + u * 32 >= end) break;  // warp-uniform
-      const unsigned peers = __match_any_sync(0xffffffffu, key[u]);
-      const int leader = __ffs(peers) - 1;
+      const unsigned peers = warp_peers(key[u], nbits);
+      const int leader = __ffs(peers) - 1;  // garbage for invalid lanes, which do nothing with it
       int old = 0;
       // NOTE: the previous round's counter update by another lane must be visible before this
-      // one reads the counter; the atomics are ordered by the barrier semantics of __syncwarp.
+      // one reads the counter; __syncwarp orders the warp's shared-memory accesses.
       if (kScatter) __syncwarp();
-      if (lane == leader && key[u] >= 0) old = atomicAdd(row + key[u], __popc(peers));
+      if (key[u] >= 0 && lane == leader) old = atomicAdd(row + key[u], __popc(peers));
       if (kScatter) {
-        old = __shfl_sync(0xffffffffu, old, leader);
+        old = __shfl_sync(0xffffffffu, old, leader & 31);
         if (key[u] >= 0) sorted[old + __popc(peers & lt)] = static_cast<int32_t>(base + u * 32 + lane);
       }
     }
@@ -130,7 +144,7 @@ __device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums) {
 
 // The grid is exactly one cluster. padded_cap = max_padded_slots, num_blocks = max_align_blocks.
 __global__ void __launch_bounds__(kAlignThreads, 1)
-    moe_align_kernel(const int32_t* __restrict__ topk_ids, int num_slots, int E, int block_m,
+    moe_align_kernel(const int32_t* __restrict__ topk_ids, int num_slots, int E, int nbits, int block_m,
                      int padded_cap, int num_blocks, int32_t* __restrict__ sorted,
                      int32_t* __restrict__ expert_ids, int32_t* __restrict__ post_padded) {
   extern __shared__ int32_t counts[];                // [kAlignWarps][E]: per-warp counters
@@ -154,12 +168,13 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
   const int64_t end = std::min<int64_t>(begin + chunk, num_slots);
   int32_t* row = counts + warp * E;
 
-  walk_chunk<false>(topk_ids, begin, end, E, row, nullptr);
+  walk_chunk<false>(topk_ids, begin, end, E, nbits, row, nullptr);
   __syncthreads();
 
   // Column e of the count table -> per-warp exclusive offsets within this CTA, and the CTA total.
   if (tid < E) {
     int run = 0;
+#pragma unroll
     for (int w = 0; w < kAlignWarps; ++w) {
       const int v = counts[w * E + tid];
       counts[w * E + tid] = run;
@@ -167,6 +182,7 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
     }
     cta_total[tid] = run;
   }
+  __syncwarp();    // reconverge after the tid < E branch before the cluster barrier
   cluster.sync();  // every CTA's cta_total is written and visible cluster-wide
 
   int before = 0, total = 0;  // slots of expert tid in lower CTAs, and in all CTAs
@@ -186,11 +202,12 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
     expert_total[tid] = total;
     if (tid == E - 1) offsets[E] = incl;
     const int base = incl - padded + before;
+#pragma unroll
     for (int w = 0; w < kAlignWarps; ++w) counts[w * E + tid] += base;
   }
   __syncthreads();
 
-  walk_chunk<true>(topk_ids, begin, end, E, row, sorted);
+  walk_chunk<true>(topk_ids, begin, end, E, nbits, row, sorted);
 
   const int padded_total = offsets[E];
   const int sentinel = num_slots;
@@ -200,10 +217,10 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
     for (int p = offsets[e] + expert_total[e] + lane; p < offsets[e + 1]; p += 32) sorted[p] = sentinel;
   }
   // Tail past the padded total.
-  for (int p = padded_total + gthread; p < padded_cap; p += n_threads) sorted[p] = sentinel;
+  for (int64_t p = int64_t(padded_total) + gthread; p < padded_cap; p += n_threads) sorted[p] = sentinel;
   // expert_ids: the expert whose padded run holds the block's first entry: the largest e with
   // offsets[e] <= pos (experts with no slots have an empty run and are skipped by "largest").
-  for (int b = gthread; b < num_blocks; b += n_threads) {
+  for (int64_t b = gthread; b < num_blocks; b += n_threads) {
     const int64_t pos = int64_t(b) * block_m;
     int e = -1;
     if (pos < padded_total) {
@@ -315,7 +332,8 @@ void launch_align(const int32_t* topk_ids, int64_t num_slots, int E, int block_m
   cfg.stream = static_cast<cudaStream_t>(stream);
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_align_kernel, topk_ids, static_cast<int>(num_slots), E, block_m,
+  const int nbits = E > 1 ? 32 - __builtin_clz(unsigned(E - 1)) : 0;  // bits of the largest id, E - 1
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_align_kernel, topk_ids, static_cast<int>(num_slots), E, nbits, block_m,
                                       static_cast<int>(padded_cap), static_cast<int>(num_blocks), sorted_token_ids,
                                       expert_ids, num_tokens_post_padded));
 }

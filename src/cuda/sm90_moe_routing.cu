@@ -12,6 +12,9 @@
 //    unless two candidates (or two group scores) lie within a few fp32 ulps of each other.
 // Weights are within ~5e-7 relative: exp/sigmoid in accurate fp32 (expf, not __expf), the
 // argument rounding of exp(l - max) compensated, sums over at most 32 terms per lane.
+// Non-finite logits (which the reference refuses; the GPU cannot throw): a NaN key counts as -inf,
+// and ids always stay in [0, E), so a bad token can never send align or the GEMM out of bounds;
+// its weights are then unspecified.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -141,7 +144,10 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
         key[j] = s + __ldg(p.bias + j * 32 + lane);
       }
     }
-  } else {
+  }
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) key[j] = isnan(key[j]) ? -INFINITY : key[j];
+  if (p.method != kNoaux) {
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < VPL; ++j) mx = fmaxf(mx, key[j]);
@@ -161,12 +167,15 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
   const bool grouped = p.method == kNoaux || (p.method == kGroupLimited && p.n_group > 1);
   if (grouped) {
     const int per_group = E / p.n_group;
+    int group[VPL];  // group of expert j*32+lane
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) group[j] = (j * 32 + lane) / per_group;
     float gscore = -INFINITY;
     for (int g = 0; g < p.n_group; ++g) {
       float a1 = -INFINITY, a2 = -INFINITY;  // the two best keys of group g in this lane
 #pragma unroll
       for (int j = 0; j < VPL; ++j) {
-        if ((avail >> j & 1) && (j * 32 + lane) / per_group == g) {
+        if ((avail >> j & 1) && group[j] == g) {
           const float k = key[j];
           a2 = fmaxf(a2, fminf(a1, k));
           a1 = fmaxf(a1, k);
@@ -192,14 +201,12 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
       float v = mine ? gscore : -INFINITY;
       int i = mine ? lane : kNone;
       warp_argmax(v, i);
-      kept |= 1u << i;
+      kept |= i < 32 ? 1u << i : 0u;  // i is always a lane here unless a group score is NaN
       if (lane == i) mine = false;
     }
 #pragma unroll
-    for (int j = 0; j < VPL; ++j) {
-      const int e = j * 32 + lane;
-      if ((avail >> j & 1) && !(kept >> (e / per_group) & 1)) avail &= ~(1u << j);
-    }
+    for (int j = 0; j < VPL; ++j)
+      if ((avail >> j & 1) && !(kept >> group[j] & 1)) avail &= ~(1u << j);  // group[j] < 32 when avail
   }
 
   // Top-k: k rounds of warp argmax; lane r keeps the r-th choice.
@@ -215,7 +222,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
       if ((avail >> j & 1) && beats(key[j], j * 32 + lane, v, i)) { v = key[j]; i = j * 32 + lane; w = val[j]; }
     warp_argmax(v, i, w);
     if (lane == (i & 31)) avail &= ~(1u << (i >> 5));
-    if (lane == r) { my_id = i; my_val = w; }
+    if (lane == r) { my_id = i < E ? i : E - 1; my_val = w; }  // i == kNone only on NaN input
   }
 
   const bool chosen = lane < p.top_k;

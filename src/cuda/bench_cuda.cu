@@ -832,6 +832,7 @@ int run(const BenchOptions& opts) {
     } catch (const std::exception& e) {
       info.error = e.what();
       info.passed = false;
+      for (auto& c : cases) c.correct = false;
       std::printf("[bench] %s: ERROR %s\n", name.c_str(), e.what());
     }
     std::fflush(stdout);

@@ -216,24 +216,56 @@ uint64_t stream_seed(uint64_t seed, uint64_t tensor) {
   return r.next();
 }
 
-// n samples of N(0, stddev) by Marsaglia's polar method: two samples per accepted pair, one log and
-// no trigonometry (about 2.5x faster than Box-Muller; the big presets draw 10^9 of these).
+// Ziggurat tables (Marsaglia & Tsang's method, 128 layers in Doornik's formulation): layer i spans
+// [0, x[i]]; a uniform draw inside the layer's inner rectangle (|u| < x[i+1]/x[i], ~99% of draws)
+// is accepted with one multiply: no log, no exp, ~4x faster than the polar method. The big presets
+// draw 10^9 normals, so this decides whether `verify` of a real shape takes seconds or a minute.
+struct Ziggurat {
+  static constexpr int kLayers = 128;
+  static constexpr double kR = 3.442619855899;       // start of the tail
+  static constexpr double kV = 9.91256303526217e-3;  // area of every layer
+  double x[kLayers + 1], ratio[kLayers];
+  Ziggurat() {
+    double f = std::exp(-0.5 * kR * kR);
+    x[0] = kV / f;  // the base layer: rectangle plus tail, as a wider virtual rectangle
+    x[1] = kR;
+    x[kLayers] = 0;
+    for (int i = 2; i < kLayers; ++i) {
+      x[i] = std::sqrt(-2.0 * std::log(kV / x[i - 1] + f));
+      f = std::exp(-0.5 * x[i] * x[i]);
+    }
+    for (int i = 0; i < kLayers; ++i) ratio[i] = x[i + 1] / x[i];
+  }
+};
+
+double standard_normal(Rng& r, const Ziggurat& z) {
+  for (;;) {
+    const uint64_t bits = r.next();
+    const int i = int(bits & 0x7f);                                          // low 7 bits: the layer
+    const double u = double(bits >> 11) * (2.0 / 9007199254740992.0) - 1.0;  // top 53: u in [-1, 1)
+    if (std::fabs(u) < z.ratio[i]) return u * z.x[i];
+    if (i == 0) {  // the tail beyond R, by Marsaglia's exponential rejection
+      double t, y;
+      do {
+        t = std::log((double(r.next() >> 11) + 1.0) / 9007199254740992.0) / Ziggurat::kR;
+        y = std::log((double(r.next() >> 11) + 1.0) / 9007199254740992.0);
+      } while (-2.0 * y < t * t);
+      return u < 0 ? t - Ziggurat::kR : Ziggurat::kR - t;
+    }
+    // The wedge between this layer's inner rectangle and the curve: accept under the density.
+    const double v = u * z.x[i];
+    const double f0 = std::exp(-0.5 * (z.x[i] * z.x[i] - v * v));
+    const double f1 = std::exp(-0.5 * (z.x[i + 1] * z.x[i + 1] - v * v));
+    if (f1 + (double(r.next() >> 11) / 9007199254740992.0) * (f0 - f1) < 1.0) return v;
+  }
+}
+
+// n samples of N(0, stddev).
 std::vector<float> normal(uint64_t seed, uint64_t tensor, int64_t n, double stddev) {
+  static const Ziggurat z;
   Rng r(stream_seed(seed, tensor));
   std::vector<float> v(static_cast<size_t>(n));
-  constexpr double inv31 = 1.0 / 2147483648.0;
-  for (int64_t i = 0; i < n; i += 2) {
-    double a, b, s;
-    do {  // a point uniform in the unit disc, from the two halves of one 64-bit draw
-      const uint64_t z = r.next();
-      a = double(int32_t(uint32_t(z))) * inv31;
-      b = double(int32_t(uint32_t(z >> 32))) * inv31;
-      s = a * a + b * b;
-    } while (s >= 1.0 || s == 0.0);
-    const double f = stddev * std::sqrt(-2.0 * std::log(s) / s);
-    v[size_t(i)] = float(a * f);
-    if (i + 1 < n) v[size_t(i + 1)] = float(b * f);
-  }
+  for (auto& e : v) e = float(stddev * standard_normal(r, z));
   return v;
 }
 

@@ -216,6 +216,11 @@ TEST(RandomLayer, DistributionsHaveTheDocumentedSpread) {
   int64_t beyond2 = 0;
   for (float x : w.router) beyond2 += std::abs(x) > 2.0 / 32;
   EXPECT_NEAR(double(beyond2) / double(w.router.size()), 0.0455, 0.005);
+  // The far tail too (P(|x| > 3 sd) = 0.0027, ~177 of 65536, sd ~13), and nothing absurd.
+  int64_t beyond3 = 0;
+  for (float x : w.router) beyond3 += std::abs(x) > 3.0 / 32;
+  EXPECT_NEAR(double(beyond3) / double(w.router.size()), 0.0027, 0.0008);
+  for (float x : w.router) ASSERT_LT(std::abs(x), 7.0 / 32);
   stats(w.correction_bias, mean, sd);  // 64 samples
   EXPECT_GT(sd, 0.06);
   EXPECT_LT(sd, 0.14);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <exception>
 #include <memory>
 #include <random>
@@ -22,6 +23,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A stage's wall time and process CPU time (all threads): on a shared machine the two differ a lot.
+struct Stage {
+  Clock::time_point wall = Clock::now();
+  std::clock_t cpu = std::clock();
+  void report(const std::string& what) const {
+    std::printf("  %s: %.2f s (cpu %.2f s)\n", what.c_str(), seconds_since(wall),
+                double(std::clock() - cpu) / CLOCKS_PER_SEC);
+  }
+};
 
 // float32 vs float64 differ only by float32 rounding of sums over K <= 14336 terms: ~1e-6 in
 // practice. A real bug (wrong zero, wrong group, wrong routing weight) shows as 1e-3 or more.
@@ -147,9 +158,9 @@ void run_verify(const CommonOptions& o) {
   std::printf("  weights %s, activations %s, device %s, seed %llu\n", scheme.describe().c_str(), dtype_name(act),
               device_name(dev), static_cast<unsigned long long>(o.seed));
 
-  auto t0 = Clock::now();
+  Stage stage;
   const MoeLayerWeights w = random_layer(spec, scheme, o.seed);
-  std::printf("  random layer: %.2f s\n", seconds_since(t0));
+  stage.report("random layer");
 
   // Fresh x per M, N(0, 1) rounded to the activation dtype; all M stacked into one batch for the
   // two host paths (every token's output depends on its own row only), split again for the table.
@@ -163,7 +174,7 @@ void run_verify(const CommonOptions& o) {
   }
   const int64_t total = int64_t(x.size()) / H;
 
-  t0 = Clock::now();
+  stage = Stage();
   const std::vector<float> logits = router_logits_reference(spec, w, x.data(), total);
   const Routing routing = route_reference(spec.routing, logits.data(), total,
                                           w.correction_bias.empty() ? nullptr : w.correction_bias.data());
@@ -183,8 +194,7 @@ void run_verify(const CommonOptions& o) {
   if (ref_failure) std::rethrow_exception(ref_failure);
   if (ref_routing.ids != routing.ids || ref_routing.weights != routing.weights)
     throw Error("internal: moe_reference routed differently from route_reference on the same logits");
-  std::printf("  float64 reference + float32 path (%lld tokens): %.2f s\n", static_cast<long long>(total),
-              seconds_since(t0));
+  stage.report("float64 reference + float32 path (" + std::to_string(total) + " tokens)");
 
   std::vector<Row> rows;
   for (size_t i = 0; i < ms.size(); ++i) {
@@ -192,7 +202,7 @@ void run_verify(const CommonOptions& o) {
     rows.push_back({ms[i], "float32", rel_error(f32.data() + at, ref.data() + at, n), kF32Tolerance, 0, ""});
   }
 
-  t0 = Clock::now();
+  stage = Stage();
   std::unique_ptr<MoeBackendLayer> layer;
   std::string make_error;
   try {
@@ -200,7 +210,7 @@ void run_verify(const CommonOptions& o) {
   } catch (const Error& e) {
     make_error = e.what();
   }
-  std::printf("  %s backend setup: %.2f s\n", device_name(dev), seconds_since(t0));
+  stage.report(std::string(device_name(dev)) + " backend setup");
   for (size_t i = 0; i < ms.size(); ++i) {
     const int64_t M = ms[i], n = M * H, at = offset[size_t(i)] * H;
     Row row{M, device_name(dev), INFINITY, layer_tolerance(act), 0, make_error};
@@ -208,7 +218,7 @@ void run_verify(const CommonOptions& o) {
       const std::vector<uint16_t> xb = to_bits(x.data() + at, n, act);
       std::vector<uint16_t> ob(static_cast<size_t>(n), 0);
       try {
-        t0 = Clock::now();
+        const auto t0 = Clock::now();
         layer->forward_host(xb.data(), ob.data(), M, act);
         row.ms = seconds_since(t0) * 1e3;
         std::vector<float> out(static_cast<size_t>(n));

@@ -1,0 +1,68 @@
+// The must-show matrix of issue 4: for each of the five architectures and each of {gptq 4-bit sym,
+// gptq 4-bit desc_act, gptq 8-bit, gptq_v2 asym, awq}: synth -> inspect -> run --check through the
+// CLI, on the CPU (and on the GPU when this build has CUDA and a GPU is present). Prints the table.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <regex>
+
+#include "io_test_util.h"
+#include "wna16/backend.h"
+
+namespace wna16 {
+namespace {
+
+using test::ScratchDir;
+
+struct Variant {
+  const char* label;
+  const char* flags;
+};
+
+TEST(CheckpointMatrix, SynthInspectRunCheckAllArchitecturesAndFormats) {
+  const char* archs[] = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"};
+  const Variant variants[] = {
+      {"gptq 4-bit sym", "--format gptq --bits 4"},
+      {"gptq 4-bit desc_act", "--format gptq --bits 4 --desc-act"},
+      {"gptq 8-bit", "--format gptq --bits 8"},
+      {"gptq_v2 4-bit asym", "--format gptq_v2 --bits 4 --asym"},
+      {"awq 4-bit", "--format awq"},
+  };
+  std::vector<std::string> devices = {"cpu"};
+  if (cuda_available()) devices.push_back("cuda");
+  ScratchDir d;
+  std::string table = "| arch | format | synth | inspect | device | run --check rel_error (tolerance) | result |\n"
+                      "|---|---|---|---|---|---|---|\n";
+  int rows = 0, passed = 0;
+  const std::regex err_re(R"(rel_error ([0-9.e+-]+) vs the float64 reference \(tolerance ([0-9.e+-]+))");
+  for (const char* arch : archs) {
+    for (const Variant& v : variants) {
+      const std::string tag = std::string(arch) + "-" + std::to_string(rows);
+      const std::string dir = d / tag, x = d / (tag + ".x.safetensors");
+      SCOPED_TRACE(std::string(arch) + " " + v.label);
+      auto s = test::run_cli("synth " + dir + " --arch " + arch + " " + v.flags + " --example-input " + x + " --tokens 33");
+      EXPECT_EQ(s.exit_code, 0) << s.out << s.err;
+      auto i = test::run_cli("inspect " + dir);
+      EXPECT_EQ(i.exit_code, 0) << i.out << i.err;
+      EXPECT_NE(i.out.find("problems: none"), std::string::npos) << i.out;
+      for (const auto& dev : devices) {
+        const std::string y = d / (tag + "." + dev + ".y.safetensors");
+        auto r = test::run_cli("run " + dir + " --layer 1 --input " + x + " --output " + y + " --device " + dev + " --check");
+        EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+        std::smatch m;
+        const bool ok = s.exit_code == 0 && i.exit_code == 0 && r.exit_code == 0 && r.out.find("PASSED") != std::string::npos;
+        std::string err = std::regex_search(r.out, m, err_re) ? m[1].str() + " (" + m[2].str() + ")" : "n/a";
+        table += "| " + std::string(arch) + " | " + v.label + " | " + (s.exit_code == 0 ? "ok" : "FAILED") + " | " +
+                 (i.exit_code == 0 ? "ok" : "FAILED") + " | " + dev + " | " + err + " | " + (ok ? "PASSED" : "FAILED") + " |\n";
+        ++rows;
+        passed += ok;
+      }
+    }
+  }
+  std::printf("\n%s\n%d/%d rows passed\n", table.c_str(), passed, rows);
+  EXPECT_EQ(passed, rows);
+  EXPECT_GE(rows, 25);
+}
+
+}  // namespace
+}  // namespace wna16

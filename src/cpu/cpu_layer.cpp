@@ -20,6 +20,9 @@
 #include "cpu/cpu_layer.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -53,6 +56,27 @@ constexpr int kRowsPerCall = 64;           // token rows handed to one kernel ca
 constexpr int64_t kRouterExperts = 16;     // experts per router task
 
 inline float silu(float v) { return v / (1.f + std::exp(-v)); }
+
+// WNA16_CPU_TRACE=1 prints each phase's wall time per forward chunk to stderr (for tuning).
+struct PhaseTrace {
+  bool on = [] {
+    const char* e = std::getenv("WNA16_CPU_TRACE");
+    return e && *e && *e != '0';
+  }();
+  std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+  std::string line;
+  void mark(const char* phase) {
+    if (!on) return;
+    const auto now = std::chrono::steady_clock::now();
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " %s %.0f", phase, std::chrono::duration<double, std::micro>(now - last).count());
+    line += buf;
+    last = now;
+  }
+  ~PhaseTrace() {
+    if (on) std::fprintf(stderr, "cpu forward us:%s\n", line.c_str());
+  }
+};
 
 }  // namespace
 
@@ -118,6 +142,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
   const int k = spec_.routing.top_k;
   const bool has_shared = int64_t(experts_.size()) > E;
   const int64_t routed_slots = M * k, S = routed_slots + (has_shared ? M : 0);
+  PhaseTrace trace;
 
   // ---- A: activations to float, and the shared prepared rows --------------------------------
   xf_.resize(size_t(M * H));
@@ -131,6 +156,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
     }
   });
 
+  trace.mark("A");
   // ---- B: router logits (+ shared expert gate) ----------------------------------------------
   logits_.resize(size_t(M * E));
   const int64_t r_tok = 64, r_tasks_e = (E + kRouterExperts - 1) / kRouterExperts;
@@ -148,6 +174,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
       shared_g_[size_t(m)] = float(1.0 / (1.0 + std::exp(-d)));
     }
 
+  trace.mark("B");
   // ---- routing and align ---------------------------------------------------------------------
   const Routing r = route_reference(spec_.routing, logits_.data(), M,
                                     correction_bias_.empty() ? nullptr : correction_bias_.data());
@@ -171,6 +198,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
   stats_.weight_bytes += E * H * 4;
   auto token_of = [&](int64_t slot) { return slot < routed_slots ? slot / k : slot - routed_slots; };
 
+  trace.mark("route");
   // ---- C: act-order rows for gate/up (two per position: gate, up) ---------------------------
   int64_t gu_stride = 0;
   if (!shared_x_order_) {
@@ -190,6 +218,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
     });
   }
 
+  trace.mark("C");
   // Tasks (entry, token range, column block); token ranges split only when blocks are too few.
   struct Task {
     int64_t entry, t0, t1, nb;
@@ -254,6 +283,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
     });
   }
 
+  trace.mark("D");
   // ---- E: h rows in each down projection's K order -------------------------------------------
   int64_t h_stride = 0;
   for (const auto& ex : experts_) h_stride = std::max(h_stride, row_layout(ex.down, bf16_rows, lo_rows).stride);
@@ -266,6 +296,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
       prep_row(ex.down, ld, &hbuf_[size_t(p * max_inter_)], &hprep_[size_t(p * h_stride)]);
   });
 
+  trace.mark("E");
   // ---- F: down projection -> y per slot ------------------------------------------------------
   ybuf_.resize(size_t(S * H));
   {
@@ -291,6 +322,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
     });
   }
 
+  trace.mark("F");
   // ---- G: weighted top-k sum (+ shared expert), rounded to the output dtype -----------------
   pool.run((M + tok_chunk - 1) / tok_chunk, [&](int64_t c, int) {
     for (int64_t m = c * tok_chunk; m < std::min(M, (c + 1) * tok_chunk); ++m)
@@ -301,6 +333,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
         store_act(out, dtype, m * H + h, acc);
       }
   });
+  trace.mark("G");
 }
 
 std::unique_ptr<CpuMoeLayer> make_cpu_layer_isa(const MoeLayerSpec& spec, const MoeLayerWeights& w, Isa isa) {

@@ -57,9 +57,14 @@ void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
   for (int64_t gi = 0; gi < v.groups; ++gi) {
     const uint8_t* hdr = p;
     p += v.header_bytes;
-    __m512 acc[MR][kTilesPerBlock];
-    for (int t = 0; t < MR; ++t)
-      for (int j = 0; j < kTilesPerBlock; ++j) acc[t][j] = _mm512_setzero_ps();
+    // NOTE: with one token the 4 tile accumulators would be 4 dependency chains of 2-8 dot
+    // products per step, latency-bound; a second set (for the k+2, k+3 pair) doubles the chains.
+    constexpr bool kSplit = MR == 1;
+    __m512 acc[MR][kTilesPerBlock], acc2[kTilesPerBlock];
+    for (int j = 0; j < kTilesPerBlock; ++j) {
+      for (int t = 0; t < MR; ++t) acc[t][j] = _mm512_setzero_ps();
+      acc2[j] = _mm512_setzero_ps();
+    }
     const int64_t k_begin = v.group_kstart[gi], k_end = k_begin + v.group_len[gi];
     for (int64_t k = k_begin; k < k_end; k += kStepK, p += v.step_bytes) {
       // NOTE: a software prefetch a few steps ahead keeps more lines in flight than the L2
@@ -78,11 +83,12 @@ void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
         const __m512i w23 = _mm512_or_si512(_mm512_srli_epi16(w, 4), mag);
         if constexpr (!INT8) {
           for (int t = 0; t < MR; ++t) {
+            __m512& a23 = kSplit ? acc2[j] : acc[t][j];
             acc[t][j] = dot(acc[t][j], w01, bcast_pair(rows[t].hi + k));
-            acc[t][j] = dot(acc[t][j], w23, bcast_pair(rows[t].hi + k + 2));
+            a23 = dot(a23, w23, bcast_pair(rows[t].hi + k + 2));
             if constexpr (LO) {
               acc[t][j] = dot(acc[t][j], w01, bcast_pair(rows[t].lo + k));
-              acc[t][j] = dot(acc[t][j], w23, bcast_pair(rows[t].lo + k + 2));
+              a23 = dot(a23, w23, bcast_pair(rows[t].lo + k + 2));
             }
           }
         } else {
@@ -91,16 +97,17 @@ void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
           const __m512i h23 = _mm512_or_si512(_mm512_srli_epi16(h, 4), mag16);
           for (int t = 0; t < MR; ++t) {
             const __m512i xa = bcast_pair(rows[t].hi + k), xb = bcast_pair(rows[t].hi + k + 2);
+            __m512& a23 = kSplit ? acc2[j] : acc[t][j];
             acc[t][j] = dot(acc[t][j], w01, xa);
+            a23 = dot(a23, w23, xb);
             acc[t][j] = dot(acc[t][j], h01, xa);
-            acc[t][j] = dot(acc[t][j], w23, xb);
-            acc[t][j] = dot(acc[t][j], h23, xb);
+            a23 = dot(a23, h23, xb);
             if constexpr (LO) {
               const __m512i la = bcast_pair(rows[t].lo + k), lb = bcast_pair(rows[t].lo + k + 2);
               acc[t][j] = dot(acc[t][j], w01, la);
+              a23 = dot(a23, w23, lb);
               acc[t][j] = dot(acc[t][j], h01, la);
-              acc[t][j] = dot(acc[t][j], w23, lb);
-              acc[t][j] = dot(acc[t][j], h23, lb);
+              a23 = dot(a23, h23, lb);
             }
           }
         }
@@ -120,6 +127,7 @@ void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
                  : _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(zp + 16 * j)));
         zb = _mm512_add_ps(_mm512_cvtepi32_ps(z), _mm512_set1_ps(off));
       }
+      if constexpr (kSplit) acc[0][j] = _mm512_add_ps(acc[0][j], acc2[j]);
       for (int t = 0; t < MR; ++t) {
         const __m512 r = _mm512_fnmadd_ps(zb, _mm512_set1_ps(rows[t].xs[gi]), acc[t][j]);
         float* o = out + t * kBlockN + 16 * j;

@@ -74,12 +74,12 @@ void ThreadPool::worker_loop(int id) {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       seen = generation_.load();
+      if (!open_) continue;  // woke after the run was closed: nothing left to claim
+      ++active_;
     }
     work(id);
-    if (busy_.fetch_sub(1) == 1) {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_cv_.notify_all();
-    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--active_ == 0) done_cv_.notify_all();
   }
 }
 
@@ -97,23 +97,17 @@ void ThreadPool::run(int64_t ntasks, const std::function<void(int64_t, int)>& fn
     next_.store(0);
     error_ = nullptr;
     failed_.store(false);
-    busy_.store(int(workers_.size()));
+    open_ = true;
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_cv_.notify_all();
   work(0);
-  // Wait for the workers: poll first (they finish within microseconds of us), then block.
-  for (int polls = 0; busy_.load(std::memory_order_acquire) != 0; ++polls) {
-    if (polls < 20000) {
-      WNA16_CPU_RELAX();
-      continue;
-    }
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return busy_.load() == 0; });
-  }
+  // Every task is claimed: close the run, then wait only for workers still finishing theirs.
   std::exception_ptr err;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    open_ = false;
+    done_cv_.wait(lock, [&] { return active_ == 0; });
     err = error_;
     error_ = nullptr;
     fn_ = nullptr;

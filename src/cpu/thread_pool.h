@@ -43,7 +43,11 @@ class ThreadPool {
   const std::function<void(int64_t, int)>* fn_ = nullptr;
   int64_t ntasks_ = 0;
   std::atomic<int64_t> next_{0};
-  std::atomic<int> busy_{0};  // workers still inside the current run
+  // Workers that joined the current run and have not left it. A worker joins only while the run
+  // is open; run() closes it once every task is claimed, so a worker that wakes late (e.g. when
+  // the machine is oversubscribed) never delays the caller.
+  int active_ = 0;
+  bool open_ = false;
   std::exception_ptr error_;
   std::atomic<bool> failed_{false};
 };

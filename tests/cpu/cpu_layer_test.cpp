@@ -8,6 +8,7 @@
 
 #include "cpu/cpu_layer.h"
 #include "cpu/isa.h"
+#include "cpu/scalar_baseline.h"
 #include "cpu_test_util.h"
 #include "wna16/error.h"
 
@@ -235,6 +236,31 @@ TEST(CpuLayer, RefusesNegativeM) {
   auto layer = make_cpu_layer(spec, random_layer(spec, QuantScheme{}, 2));
   uint16_t dummy = 0;
   EXPECT_THROW(layer->forward_host(&dummy, &dummy, -1, DType::BF16), Error);
+}
+
+}  // namespace
+}  // namespace wna16
+
+namespace wna16 {
+namespace {
+
+// The benchmark's scalar baseline must compute the same layer (it is the "plain loop" speedups
+// are quoted against).
+TEST(CpuScalarBaseline, MatchesReference) {
+  MoeLayerSpec spec = tiny_spec();
+  spec.shared_kind = SharedExpertKind::Plain;
+  for (bool ao : {false, true}) {
+    QuantScheme q;
+    q.act_order = ao;
+    q.sym = ao;
+    q.bits = ao ? 8 : 4;
+    const MoeLayerWeights w = random_layer(spec, q, 21);
+    auto layer = cpu::make_scalar_baseline(spec, w);
+    for (DType act : {DType::BF16, DType::F16}) {
+      const auto x = random_activations(17 * spec.hidden, act, 5);
+      EXPECT_LE(error_vs_reference(*layer, spec, w, x, 17, act), layer_tolerance(act)) << q.describe();
+    }
+  }
 }
 
 }  // namespace

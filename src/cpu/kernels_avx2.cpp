@@ -22,7 +22,6 @@ namespace {
 
 void gemm_rows_avx2(const BlockView& v, const XRow* rows, int m, float* out) {
   const __m256i low4 = _mm256_set1_epi32(0x0F);
-  const __m256i high4 = _mm256_set1_epi32(0xF0);
   for (int t = 0; t < m; ++t) {
     float* o = out + int64_t(t) * kBlockN;
     for (int c = 0; c < kBlockN; c += 8) _mm256_storeu_ps(o + c, _mm256_setzero_ps());
@@ -35,26 +34,24 @@ void gemm_rows_avx2(const BlockView& v, const XRow* rows, int m, float* out) {
       for (auto& a : acc) a = _mm256_setzero_ps();
       const int64_t k_end = v.group_kstart[gi] + v.group_len[gi];
       for (int64_t k0 = v.group_kstart[gi]; k0 < k_end; k0 += kStepK, p += v.step_bytes) {
-        const __m256 x0 = _mm256_broadcast_ss(x + k0), x1 = _mm256_broadcast_ss(x + k0 + 1),
-                     x2 = _mm256_broadcast_ss(x + k0 + 2), x3 = _mm256_broadcast_ss(x + k0 + 3);
+        __m256 xk[kStepK];
+        for (int i = 0; i < kStepK; ++i) xk[i] = _mm256_broadcast_ss(x + k0 + i);
         for (int v8 = 0; v8 < 8; ++v8) {  // 8 groups of 8 columns: tile v8/2, half v8%2
-          const uint8_t* b = p + (v8 >> 1) * v.tile_bytes + 16 * (v8 & 1);
-          // Lane c: byte 2c | byte 2c+1 << 8 = q0 | q2 << 4 | q1 << 8 | q3 << 12.
-          const __m256i d = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
-          __m256i q0 = _mm256_and_si256(d, low4), q2 = _mm256_and_si256(_mm256_srli_epi32(d, 4), low4);
-          __m256i q1 = _mm256_and_si256(_mm256_srli_epi32(d, 8), low4), q3 = _mm256_srli_epi32(d, 12);
-          if (v.bits == 8) {  // high nibbles, same arrangement, 32 bytes further
-            const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 32)));
-            q0 = _mm256_or_si256(q0, _mm256_and_si256(_mm256_slli_epi32(h, 4), high4));
-            q2 = _mm256_or_si256(q2, _mm256_and_si256(h, high4));
-            q1 = _mm256_or_si256(q1, _mm256_and_si256(_mm256_srli_epi32(h, 4), high4));
-            q3 = _mm256_or_si256(q3, _mm256_and_si256(_mm256_srli_epi32(h, 8), high4));
-          }
+          const uint8_t* b = p + (v8 >> 1) * v.tile_bytes + 32 * (v8 & 1);
+          // Lane c = word 2c | word 2c+1 << 16: nibble i of the low half is channel k0+2i, of the
+          // high half channel k0+2i+1.
+          const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+          __m256i dh = _mm256_setzero_si256();
+          if (v.bits == 8) dh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64));
           __m256 a = acc[v8];
-          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q0), x0, a);
-          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q1), x1, a);
-          a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q2), x2, a);
-          acc[v8] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q3), x3, a);
+          for (int i = 0; i < 4; ++i)
+            for (int e = 0; e < 2; ++e) {
+              const int sh = 4 * i + 16 * e;
+              __m256i q = _mm256_and_si256(_mm256_srli_epi32(d, sh), low4);
+              if (v.bits == 8) q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(dh, sh), low4), 4));
+              a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), xk[2 * i + e], a);
+            }
+          acc[v8] = a;
         }
       }
       // o += s * (acc - z * xs), once per group and column.

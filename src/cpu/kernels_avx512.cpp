@@ -57,8 +57,8 @@ void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
   for (int64_t gi = 0; gi < v.groups; ++gi) {
     const uint8_t* hdr = p;
     p += v.header_bytes;
-    // NOTE: with one token the 4 tile accumulators would be 4 dependency chains of 2-8 dot
-    // products per step, latency-bound; a second set (for the k+2, k+3 pair) doubles the chains.
+    // NOTE: with one token the 4 tile accumulators would be 4 dependency chains of 4-16 dot
+    // products per step, latency-bound; a second set (odd pairs) doubles the chains.
     constexpr bool kSplit = MR == 1;
     __m512 acc[MR][kTilesPerBlock], acc2[kTilesPerBlock];
     for (int j = 0; j < kTilesPerBlock; ++j) {
@@ -69,48 +69,37 @@ void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
     for (int64_t k = k_begin; k < k_end; k += kStepK, p += v.step_bytes) {
       // NOTE: a software prefetch a few steps ahead keeps more lines in flight than the L2
       // streamer alone when two streams (gate and up) alternate.
-      _mm_prefetch(reinterpret_cast<const char*>(p) + 1024, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(p) + 1024 + 64, _MM_HINT_T0);
-      if constexpr (INT8) {
-        _mm_prefetch(reinterpret_cast<const char*>(p) + 1024 + 128, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p) + 1024 + 192, _MM_HINT_T0);
-      }
+      for (int l = 0; l < (INT8 ? 8 : 4); ++l) _mm_prefetch(reinterpret_cast<const char*>(p) + 1024 + 64 * l, _MM_HINT_T0);
       for (int j = 0; j < kTilesPerBlock; ++j) {
-        const uint8_t* b = p + j * (INT8 ? 64 : 32);
-        // Words 2c, 2c+1 = bytes 2c, 2c+1: low nibbles pair (k, k+1), high nibbles (k+2, k+3).
-        const __m512i w = _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(b)));
-        const __m512i w01 = _mm512_ternarylogic_epi32(w, nib, mag, 0xEA);  // (w & nib) | mag
-        const __m512i w23 = _mm512_or_si512(_mm512_srli_epi16(w, 4), mag);
-        if constexpr (!INT8) {
-          for (int t = 0; t < MR; ++t) {
-            __m512& a23 = kSplit ? acc2[j] : acc[t][j];
-            acc[t][j] = dot(acc[t][j], w01, bcast_pair(rows[t].hi + k));
-            a23 = dot(a23, w23, bcast_pair(rows[t].hi + k + 2));
-            if constexpr (LO) {
-              acc[t][j] = dot(acc[t][j], w01, bcast_pair(rows[t].lo + k));
-              a23 = dot(a23, w23, bcast_pair(rows[t].lo + k + 2));
-            }
-          }
-        } else {
-          const __m512i h = _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(b + 32)));
-          const __m512i h01 = _mm512_ternarylogic_epi32(h, nib, mag16, 0xEA);
-          const __m512i h23 = _mm512_or_si512(_mm512_srli_epi16(h, 4), mag16);
-          for (int t = 0; t < MR; ++t) {
-            const __m512i xa = bcast_pair(rows[t].hi + k), xb = bcast_pair(rows[t].hi + k + 2);
-            __m512& a23 = kSplit ? acc2[j] : acc[t][j];
-            acc[t][j] = dot(acc[t][j], w01, xa);
-            a23 = dot(a23, w23, xb);
-            acc[t][j] = dot(acc[t][j], h01, xa);
-            a23 = dot(a23, h23, xb);
-            if constexpr (LO) {
-              const __m512i la = bcast_pair(rows[t].lo + k), lb = bcast_pair(rows[t].lo + k + 2);
-              acc[t][j] = dot(acc[t][j], w01, la);
-              a23 = dot(a23, w23, lb);
-              acc[t][j] = dot(acc[t][j], h01, la);
-              a23 = dot(a23, h23, lb);
-            }
-          }
+        const uint8_t* b = p + j * (INT8 ? 128 : 64);
+        // (words >> 4i) & 0xF, lane c = channels (k+2i, k+2i+1) of column c; | 0x4300 -> bf16 128 + q.
+        const __m512i w = _mm512_load_si512(b);
+        __m512i wv[4];
+        wv[0] = _mm512_ternarylogic_epi32(w, nib, mag, 0xEA);  // (w & nib) | mag
+        wv[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 4), nib, mag, 0xEA);
+        wv[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 8), nib, mag, 0xEA);
+        wv[3] = _mm512_or_si512(_mm512_srli_epi16(w, 12), mag);
+        __m512i hv[4];
+        if constexpr (INT8) {
+          const __m512i h = _mm512_load_si512(b + 64);
+          hv[0] = _mm512_ternarylogic_epi32(h, nib, mag16, 0xEA);
+          hv[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(h, 4), nib, mag16, 0xEA);
+          hv[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(h, 8), nib, mag16, 0xEA);
+          hv[3] = _mm512_or_si512(_mm512_srli_epi16(h, 12), mag16);
         }
+        for (int t = 0; t < MR; ++t)
+          for (int i = 0; i < 4; ++i) {
+            // Pairs 0, 2 go to acc, pairs 1, 3 to acc2 when split (two chains per tile).
+            __m512& a = (kSplit && (i & 1)) ? acc2[j] : acc[t][j];
+            const __m512i xh = bcast_pair(rows[t].hi + k + 2 * i);
+            a = dot(a, wv[i], xh);
+            if constexpr (INT8) a = dot(a, hv[i], xh);
+            if constexpr (LO) {
+              const __m512i xl = bcast_pair(rows[t].lo + k + 2 * i);
+              a = dot(a, wv[i], xl);
+              if constexpr (INT8) a = dot(a, hv[i], xl);
+            }
+          }
       }
     }
     // out += s * (acc - (z + off) * xs), once per group and column.

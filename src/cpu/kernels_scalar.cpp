@@ -20,18 +20,20 @@ void gemm_block_scalar(const PackedLinear& L, int64_t nb, const XRow* rows, int 
       float acc[kBlockN] = {};
       const int64_t k_end = v.group_kstart[gi] + v.group_len[gi];
       for (int64_t k0 = v.group_kstart[gi]; k0 < k_end; k0 += kStepK) {
-        const float x0 = x[k0], x1 = x[k0 + 1], x2 = x[k0 + 2], x3 = x[k0 + 3];
         for (int tile = 0; tile < kTilesPerBlock; ++tile, p += v.tile_bytes)
-          for (int j = 0; j < kTileN; ++j) {
-            uint32_t q0 = p[2 * j] & 15u, q2 = p[2 * j] >> 4, q1 = p[2 * j + 1] & 15u, q3 = p[2 * j + 1] >> 4;
-            if (v.bits == 8) {  // high nibbles follow the low ones
-              q0 |= (p[32 + 2 * j] & 15u) << 4;
-              q2 |= (p[32 + 2 * j] >> 4) << 4;
-              q1 |= (p[32 + 2 * j + 1] & 15u) << 4;
-              q3 |= (p[32 + 2 * j + 1] >> 4) << 4;
+          for (int j = 0; j < kTileN; ++j)
+            for (int e = 0; e < 2; ++e) {
+              // Word 2j+e holds channels k0+e, k0+2+e, k0+4+e, k0+6+e of column j.
+              const int w = 2 * j + e;
+              const uint32_t lo = uint32_t(p[2 * w]) | uint32_t(p[2 * w + 1]) << 8;
+              const uint32_t hi = v.bits == 8 ? (uint32_t(p[64 + 2 * w]) | uint32_t(p[64 + 2 * w + 1]) << 8) : 0;
+              float sum = 0.f;
+              for (int i = 0; i < 4; ++i) {
+                const uint32_t q = ((lo >> (4 * i)) & 15u) | ((hi >> (4 * i)) & 15u) << 4;
+                sum += x[k0 + 2 * i + e] * float(q);
+              }
+              acc[tile * kTileN + j] += sum;
             }
-            acc[tile * kTileN + j] += x0 * float(q0) + x1 * float(q1) + x2 * float(q2) + x3 * float(q3);
-          }
       }
       // Scale and zero point once per group and column: s * (sum x q - z * sum x).
       const float xs = rows[t].xs[gi];

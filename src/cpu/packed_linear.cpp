@@ -133,13 +133,20 @@ PackedLinear pack_linear(const UnpackedLinear& u) {
         for (int tile = 0; tile < kTilesPerBlock; ++tile) {
           for (int j = 0; j < kTileN; ++j) {
             const int64_t n = nb * kBlockN + tile * kTileN + j;
-            const uint32_t q0 = code(k0, n), q1 = code(k0 + 1, n), q2 = code(k0 + 2, n), q3 = code(k0 + 3, n);
-            // Low nibbles (the whole code for int4) first, then for int8 the high nibbles.
-            out[2 * j] = uint8_t((q0 & 15) | (q2 & 15) << 4);
-            out[2 * j + 1] = uint8_t((q1 & 15) | (q3 & 15) << 4);
-            if (u.bits == 8) {
-              out[32 + 2 * j] = uint8_t((q0 >> 4) | (q2 >> 4) << 4);
-              out[32 + 2 * j + 1] = uint8_t((q1 >> 4) | (q3 >> 4) << 4);
+            for (int e = 0; e < 2; ++e) {
+              uint32_t lo = 0, hi = 0;  // word 2j+e: channels k0+e, k0+2+e, k0+4+e, k0+6+e
+              for (int i = 0; i < 4; ++i) {
+                const uint32_t c = code(k0 + 2 * i + e, n);
+                lo |= (c & 15u) << (4 * i);
+                hi |= (c >> 4) << (4 * i);
+              }
+              const int w = 2 * j + e;
+              out[2 * w] = uint8_t(lo);
+              out[2 * w + 1] = uint8_t(lo >> 8);
+              if (u.bits == 8) {  // the high-nibble plane follows the low one
+                out[64 + 2 * w] = uint8_t(hi);
+                out[64 + 2 * w + 1] = uint8_t(hi >> 8);
+              }
             }
           }
           out += p.tile_bytes();

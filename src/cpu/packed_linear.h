@@ -5,7 +5,7 @@
 // ------------------------------------------------------------
 // Kernel K order. Input channels are sorted by group (stable argsort of g_idx), so act-order
 //   (desc_act) checkpoints become contiguous groups once, at load; the activation is gathered in
-//   the same order at call time (kmap). Each group is padded to a multiple of 4 channels with
+//   the same order at call time (kmap). Each group is padded to a multiple of 8 channels with
 //   code 0 / activation 0 (padding contributes exactly nothing). Kp = the padded total. When the
 //   order is the identity and nothing is padded, identity_k is set and no gather happens.
 // Column blocks. N is padded to Np = 64 * NB; column block nb holds columns [64 nb, 64 nb + 64),
@@ -16,17 +16,19 @@
 //       header: 64 scales (f16, or f32 when a scale is not exactly an f16), then, unless every
 //               zero point of the linear is the same value (GPTQ sym), 64 zero points as uint8
 //               (int4) or uint16 (int8: a GPTQ v1 zero can be 2^b, see src/formats/pack.cpp);
-//       steps:  group_len[gi] / 4 steps of 4 channels k0..k0+3, each 4 tiles of
-//               int4: 32 bytes per tile; for tile column j (0..15):
-//                      byte 2j   = q[k0][j] | q[k0+2][j] << 4
-//                      byte 2j+1 = q[k0+1][j] | q[k0+3][j] << 4
-//               int8: 64 bytes per tile: the same 32-byte pattern of the low nibbles, then of the
-//                      high nibbles (q = lo + 16 hi).
-//   Why this order: zero-extending a tile's 32 bytes to 16-bit words and masking the low (high)
-//   nibble gives, in 32-bit lane j, the pair (q[k0][j], q[k0+1][j]) (resp. k0+2, k0+3): exactly
-//   the operand of a bf16 pair dot product against the broadcast activation pair (x[k0], x[k0+1]).
-//   OR-ing the nibble into the mantissa of bf16 128.0 (0x4300) makes the bf16 value 128 + q with
-//   no conversion instruction (0x4500 = 2048.0 gives 16 * (128 + hi) for the int8 high nibble).
+//       steps:  group_len[gi] / 8 steps of 8 channels k0..k0+7, each 4 tiles of
+//               int4: 64 bytes per tile = 32 little-endian 16-bit words; for tile column j
+//                     (0..15) and e in {0, 1}:
+//                       word 2j+e = sum over i = 0..3 of q[k0 + 2i + e][j] << 4i
+//               int8: 128 bytes per tile: the same 64-byte pattern of the low nibbles, then of
+//                     the high nibbles (q = lo + 16 hi).
+//   Why this order: one 64-byte load holds a tile's 8 channels; the 32-bit lane j of
+//   (words >> 4i) & 0xF is the pair (q[k0+2i][j], q[k0+2i+1][j]), exactly the operand of a bf16
+//   pair dot product against the broadcast activation pair (x[k0+2i], x[k0+2i+1]). OR-ing the
+//   nibble into the mantissa of bf16 128.0 (0x4300) makes the bf16 value 128 + q in the same
+//   instruction as the mask (0x4500 = 2048.0 gives 16 * (128 + hi) for the int8 high nibble):
+//   4 vectors of 32 weights cost 7 bitwise instructions and no shuffle. The AVX2 kernel reads a
+//   32-bit lane as 8 nibbles of one column (k0..k0+7) and shifts them out one by one.
 //
 // Zero point and scale are applied once per group and column (never per weight):
 //   sum_{k in g} x[k] s (q[k] - z) = s * (sum_k x[k] (q[k] + off) - (z + off) * sum_k x[k])
@@ -45,7 +47,7 @@ namespace wna16::cpu {
 inline constexpr int kTileN = 16;                      // columns per tile = fp32 lanes of a zmm
 inline constexpr int kTilesPerBlock = 4;               // tiles per column block
 inline constexpr int kBlockN = kTileN * kTilesPerBlock;  // columns one task computes
-inline constexpr int kStepK = 4;                       // channels per step (two bf16 pairs)
+inline constexpr int kStepK = 8;                       // channels per step (four bf16 pairs)
 static_assert(kBlockN == 64, "the layout comment and the kernels assume 64-column blocks");
 
 enum class ScaleFmt : uint8_t { F16, F32 };
@@ -67,13 +69,13 @@ struct PackedLinear {
   bool identity_k = true;            // kernel order == original order, no padding
   std::vector<int32_t> kmap;         // [Kp] original channel at each kernel position, -1 = pad
   std::vector<int64_t> group_kstart; // per kernel group: first kernel position
-  std::vector<int64_t> group_len;    // per kernel group: channels incl. padding (multiple of 4)
+  std::vector<int64_t> group_len;    // per kernel group: channels incl. padding (multiple of 8)
   int64_t block_bytes = 0;
   AlignedBytes data;                 // NB * block_bytes
   std::vector<float> bias;           // [N] or empty
 
   int64_t num_groups() const { return int64_t(group_len.size()); }
-  int64_t tile_bytes() const { return bits == 4 ? 32 : 64; }
+  int64_t tile_bytes() const { return bits == 4 ? 64 : 128; }
   int64_t step_bytes() const { return tile_bytes() * kTilesPerBlock; }
   int64_t scale_bytes() const { return (scale_fmt == ScaleFmt::F16 ? 2 : 4) * kBlockN; }
   int64_t zero_bytes() const { return bits == 8 ? 2 : 1; }  // per stored zero point

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -68,6 +69,18 @@ std::vector<int32_t> act_order_perm(const UnpackedLinear& u) {
 }
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// WNA16_CUDA_DEBUG_SYNC=1: synchronise after every stage of forward() and name the stage that
+// failed (a debugging aid; it breaks graph capture, so it is off by default).
+bool debug_sync() {
+  static const bool on = std::getenv("WNA16_CUDA_DEBUG_SYNC") != nullptr;
+  return on;
+}
+void stage_done(const char* what, cudaStream_t st) {
+  if (!debug_sync()) return;
+  const cudaError_t e = cudaStreamSynchronize(st);
+  if (e != cudaSuccess) throw Error(std::string("CUDA error after ") + what + ": " + cudaGetErrorString(e));
+}
 
 struct Workspace {
   int64_t logits = 0, gate = 0, ids = 0, w = 0, ids2 = 0, w2 = 0, sorted = 0, eids = 0, ntpp = 0, inter = 0,
@@ -306,10 +319,13 @@ void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) 
         if (r >= 0) {
           std::memcpy(dst, ud.q.data() + r * H, size_t(H));
         } else {
-          // Padding row: code = zero point, so the weight is exactly 0 whatever the scale.
+          // Padding row (past shared_inter): GEMM1 gives 0 in this column, so any finite weight
+          // works; code = zero point makes it exactly 0 where the zero fits the code range.
           const int64_t kg = c / gl2;
-          for (int64_t n = 0; n < H; ++n) dst[n] = uint8_t(kl.zeros[size_t(kg * kl.N + n)] & 0xff);
-          if (!has_zeros) std::memset(dst, zsym, size_t(H));
+          for (int64_t n = 0; n < H; ++n) {
+            const int32_t z = has_zeros ? kl.zeros[size_t(kg * kl.N + n)] : zsym;
+            dst[n] = uint8_t(z < (1 << bits) ? z : 0);
+          }
         }
       }
       PackedGemm pk;
@@ -401,15 +417,19 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   auto* ids = reinterpret_cast<int32_t*>(ws + L.ids);
   auto* wts = reinterpret_cast<float*>(ws + L.w);
   launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate, st);
+  stage_done("router logits", st);
   launch_routing(spec.routing, logits, DType::F32, M, static_cast<const float*>(bias.p), ids, wts, st);
+  stage_done("routing", st);
   const int32_t* ids2 = ids;
   if (S > 0) {
     launch_append_shared(ids, wts, gated ? gate : nullptr, M, k, S, E, reinterpret_cast<int32_t*>(ws + L.ids2),
                          reinterpret_cast<float*>(ws + L.w2), st);
+    stage_done("shared-expert slots", st);
     ids2 = reinterpret_cast<int32_t*>(ws + L.ids2);
   }
   launch_align(ids2, M * k2, E2, block_m, reinterpret_cast<int32_t*>(ws + L.sorted),
                reinterpret_cast<int32_t*>(ws + L.eids), reinterpret_cast<int32_t*>(ws + L.ntpp), st);
+  stage_done("align", st);
 }
 
 CudaMoeLayer::CudaMoeLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w) : impl_(std::make_unique<Impl>()) {
@@ -456,6 +476,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   r.x_stride = d.H;
   r.out = ws + L.inter;
   launch_moe_gemm(d.g1, r, st);
+  stage_done("GEMM1 (gate/up)", st);
 
   r.epilogue = GemmEpilogue::WeightedSum;
   r.x = ws + L.inter;
@@ -464,8 +485,10 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   r.topk_weights = w2;
   r.splits = choose_splits(d.g2, config, M, d.k2);
   launch_moe_gemm(d.g2, r, st);
+  stage_done("GEMM2 (down)", st);
 
   launch_cast_out(acc, out, act, M * d.H, st);
+  stage_done("cast", st);
 }
 
 void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, DType act, void* workspace,

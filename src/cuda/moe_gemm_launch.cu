@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -130,6 +131,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.kc_per_split = int((kp.KC + r.splits - 1) / r.splits);
   kp.splits = (kp.KC + kp.kc_per_split - 1) / kp.kc_per_split;  // no empty split
   kp.epilogue = r.epilogue == GemmEpilogue::SiluMul ? 0 : 1;
+  static const bool no_hint = std::getenv("WNA16_NO_EVICT_HINT") != nullptr;  // A/B switch for measurements
+  kp.l2_hint = no_hint ? 0 : 1;
   const int64_t upper = r.mb_count >= 0 ? r.mb_count : r.max_blocks;
   auto s = static_cast<cudaStream_t>(stream);
   if (w.bits == 4) gemm::launch_w4(&kp, r.config, r.act, upper, s);

@@ -232,6 +232,7 @@ struct KParams {
   int mb_begin, mb_count;
   int splits, kc_per_split;
   int epilogue;  // 0: SiluMul, 1: WeightedSum
+  int l2_hint;   // configs with EVICT_FIRST: 1 = weights loaded with the evict-first policy
 };
 
 template <class CFG, int BITS>
@@ -262,7 +263,8 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
   const int nb_count = p.NT / NTB;
   const int64_t total = int64_t(num_mb) * nb_count * p.splits;
   uint64_t policy = 0;
-  if constexpr (CFG::EVICT_FIRST) policy = evict_first_policy();
+  const bool hint = CFG::EVICT_FIRST && p.l2_hint;
+  if (hint) policy = evict_first_policy();
   const T* x = static_cast<const T*>(p.x);
 
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
@@ -299,7 +301,7 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
       const uint4* wsrc = wexp + int64_t(kc) * p.NT * U * 32;
 #pragma unroll
       for (int i = tid; i < NTB * U * 32; i += THREADS) {
-        if constexpr (CFG::EVICT_FIRST) cp_async16_hint(sw + i, wsrc + i, policy);
+        if (hint) cp_async16_hint(sw + i, wsrc + i, policy);
         else cp_async16(sw + i, wsrc + i);
       }
       // Activations: BM rows x 64 k (eight 16-byte units), zero-filled for padding rows.

@@ -42,35 +42,17 @@ struct BenchResources {
   }
 };
 
-}  // namespace
-
-double bench_align_us(int E, int64_t num_slots, int block_m) {
-  const int64_t padded = max_padded_slots(num_slots, E, block_m);
-  const int64_t blocks = max_align_blocks(num_slots, E, block_m);
-  std::vector<int32_t> ids(static_cast<size_t>(num_slots));
-  std::mt19937 rng(12345);
-  std::uniform_int_distribution<int32_t> pick(0, std::max(E, 1) - 1);
-  for (auto& v : ids) v = pick(rng);
-
-  BenchResources r;
-  WNA16_CUDA_CHECK(cudaMalloc(&r.ids, std::max<size_t>(ids.size(), 1) * sizeof(int32_t)));
-  WNA16_CUDA_CHECK(cudaMalloc(&r.sorted, std::max<int64_t>(padded, 1) * sizeof(int32_t)));
-  WNA16_CUDA_CHECK(cudaMalloc(&r.experts, std::max<int64_t>(blocks, 1) * sizeof(int32_t)));
-  WNA16_CUDA_CHECK(cudaMalloc(&r.post, sizeof(int32_t)));
-  WNA16_CUDA_CHECK(cudaMemcpy(r.ids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+// Median microseconds per launch: warm-up, a graph of kLaunchesPerGraph launches, timed replays.
+template <typename Launch>
+double time_graph_us(BenchResources& r, Launch&& launch) {
   WNA16_CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
   WNA16_CUDA_CHECK(cudaEventCreate(&r.start));
   WNA16_CUDA_CHECK(cudaEventCreate(&r.stop));
-
-  auto launch = [&] {
-    launch_align(static_cast<const int32_t*>(r.ids), num_slots, E, block_m, static_cast<int32_t*>(r.sorted),
-                 static_cast<int32_t*>(r.experts), static_cast<int32_t*>(r.post), r.stream);
-  };
-  for (int i = 0; i < kWarmup; ++i) launch();
+  for (int i = 0; i < kWarmup; ++i) launch(r.stream);
   WNA16_CUDA_CHECK(cudaStreamSynchronize(r.stream));
 
   WNA16_CUDA_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunchesPerGraph; ++i) launch();
+  for (int i = 0; i < kLaunchesPerGraph; ++i) launch(r.stream);
   WNA16_CUDA_CHECK(cudaStreamEndCapture(r.stream, &r.graph));
   WNA16_CUDA_CHECK(cudaGraphInstantiate(&r.exec, r.graph, 0));
   WNA16_CUDA_CHECK(cudaGraphLaunch(r.exec, r.stream));  // warm the graph
@@ -86,6 +68,37 @@ double bench_align_us(int E, int64_t num_slots, int block_m) {
   }
   std::nth_element(ms.begin(), ms.begin() + kReplays / 2, ms.end());
   return double(ms[kReplays / 2]) * 1000.0 / kLaunchesPerGraph;
+}
+
+}  // namespace
+
+double bench_align_us(int E, int64_t num_slots, int block_m) {
+  return bench_align_us(E, num_slots, block_m, kAlignDefaultTuning);
+}
+
+double bench_align_us(int E, int64_t num_slots, int block_m, const AlignTuning& tuning) {
+  const int64_t padded = max_padded_slots(num_slots, E, block_m);
+  const int64_t blocks = max_align_blocks(num_slots, E, block_m);
+  std::vector<int32_t> ids(static_cast<size_t>(num_slots));
+  std::mt19937 rng(12345);
+  std::uniform_int_distribution<int32_t> pick(0, std::max(E, 1) - 1);
+  for (auto& v : ids) v = pick(rng);
+
+  BenchResources r;
+  WNA16_CUDA_CHECK(cudaMalloc(&r.ids, std::max<size_t>(ids.size(), 1) * sizeof(int32_t)));
+  WNA16_CUDA_CHECK(cudaMalloc(&r.sorted, std::max<int64_t>(padded, 1) * sizeof(int32_t)));
+  WNA16_CUDA_CHECK(cudaMalloc(&r.experts, std::max<int64_t>(blocks, 1) * sizeof(int32_t)));
+  WNA16_CUDA_CHECK(cudaMalloc(&r.post, sizeof(int32_t)));
+  WNA16_CUDA_CHECK(cudaMemcpy(r.ids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  return time_graph_us(r, [&](cudaStream_t s) {
+    launch_align_tuned(static_cast<const int32_t*>(r.ids), num_slots, E, block_m, static_cast<int32_t*>(r.sorted),
+                       static_cast<int32_t*>(r.experts), static_cast<int32_t*>(r.post), tuning, s);
+  });
+}
+
+double bench_align_noop_us(int n_cta, bool cluster) {
+  BenchResources r;
+  return time_graph_us(r, [&](cudaStream_t s) { launch_align_shaped_noop(n_cta, cluster, s); });
 }
 
 }  // namespace wna16::cuda

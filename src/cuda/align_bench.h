@@ -2,6 +2,8 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/align_tuning.h"
+
 namespace wna16::cuda {
 
 // Microseconds per launch_align call on the current device: uniform random expert ids (fixed seed)
@@ -9,5 +11,9 @@ namespace wna16::cuda {
 // timed with CUDA events; the median replay divided by the launches in it. The ids stay in L2, as
 // they do in the layer (routing writes them just before). Allocates and frees its own buffers.
 double bench_align_us(int E, int64_t num_slots, int block_m);
+// The same with a given tuning of the kernel (src/cuda/align_tuning.h).
+double bench_align_us(int E, int64_t num_slots, int block_m, const AlignTuning& tuning);
+// The same timing of an empty kernel of the align kernel's shape: the launch floor.
+double bench_align_noop_us(int n_cta, bool cluster);
 
 }  // namespace wna16::cuda

@@ -34,6 +34,7 @@
 #include <mutex>
 #include <string>
 
+#include "cuda/align_tuning.h"
 #include "cuda/cuda_check.h"
 #include "wna16/cuda_kernels.h"
 #include "wna16/error.h"
@@ -49,8 +50,6 @@ constexpr int kAlignThreads = 1024;  // one thread per expert in the prefix step
 constexpr int kAlignWarps = kAlignThreads / 32;
 constexpr int kAlignMaxExperts = kAlignThreads;
 constexpr int kAlignUnroll = 8;          // rounds of 32 ids loaded before the first is used (MLP)
-constexpr int kAlignSlotsPerCta = 4096;  // fewer slots per CTA than this: the cluster barriers cost
-                                         // more than the extra SMs save
 constexpr int kAlignMaxCluster = 16;     // non-portable on Hopper; the launcher falls back to 8..1
 static_assert(kAlignThreads % 32 == 0 && kAlignThreads <= 1024, "block size");
 static_assert(kAlignWarps <= 32, "the block scan reduces the warp totals with one warp");
@@ -71,47 +70,69 @@ __device__ __forceinline__ void cluster_wait_acquire() {
   asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
-// The lanes of this warp whose key equals this lane's (valid keys >= 0; ids are < 2^nbits):
-// intersect, for every bit of the key, the ballot of the lanes that agree on that bit.
-__device__ __forceinline__ unsigned warp_peers(int key, int nbits) {
-  unsigned peers = __ballot_sync(0xffffffffu, key >= 0);
-  for (int b = 0; b < nbits; ++b) {
-    const bool bit = (key >> b) & 1;
-    const unsigned vote = __ballot_sync(0xffffffffu, bit);
-    peers &= bit ? vote : ~vote;
+// The lanes of this warp whose key equals this lane's (valid keys >= 0). kPeers = 0: one
+// __match_any_sync; kPeers = n > 0 (ids < 2^n): intersect, for each of the n bits, the ballot of the
+// lanes that agree on that bit (warp multi-split), a fixed cost whatever the number of distinct ids.
+template <int kPeers>
+__device__ __forceinline__ unsigned warp_peers(int key) {
+  if constexpr (kPeers == 0) {
+    return __match_any_sync(0xffffffffu, key) & __ballot_sync(0xffffffffu, key >= 0);
+  } else {
+    unsigned peers = __ballot_sync(0xffffffffu, key >= 0);
+#pragma unroll
+    for (int b = 0; b < kPeers; ++b) {
+      const bool bit = (key >> b) & 1;
+      const unsigned vote = __ballot_sync(0xffffffffu, bit);
+      peers &= bit ? vote : ~vote;
+    }
+    return peers;
   }
-  return peers;
 }
 
-// Walks this warp's chunk [begin, end) 32 slots per round, in slot order. Count mode adds each
-// expert's group size to the warp's row; scatter mode gets the group's base position back from the
-// same counter (which the prefix step turned into an output offset) and writes the slot ids.
+// Walks this warp's chunk [begin, end) 32 slots per round, in slot order. Count mode adds one per
+// slot to the warp's row (order does not matter for a count, so plain shared atomics); scatter mode
+// groups the lanes of each expert, gets the group's base position back from the same counter
+// (which the prefix step turned into an output offset) and writes the slot ids in lane order.
 // Ids outside [0, E) are skipped (they take no room and land nowhere), so bad input can never
 // write out of bounds.
-template <bool kScatter>
+// first: the keys of the chunk's first 32 * kAlignUnroll slots, kept in registers by the count
+// walk for the scatter walk (at the common sizes that is the whole chunk: no second load).
+template <bool kScatter, int kPeers>
 __device__ __forceinline__ void walk_chunk(const int32_t* __restrict__ topk_ids, int64_t begin,
-                                           int64_t end, int E, int nbits, int32_t* row, int32_t* sorted) {
+                                           int64_t end, int E, int32_t* row, int32_t* sorted,
+                                           int (&first)[kAlignUnroll]) {
   const int lane = threadIdx.x & 31;
   const unsigned lt = lanemask_lt();
   for (int64_t base = begin; base < end; base += 32 * kAlignUnroll) {
     int key[kAlignUnroll];
+    if (kScatter && base == begin) {
 #pragma unroll
-    for (int u = 0; u < kAlignUnroll; ++u) {
-      const int64_t s = base + u * 32 + lane;
-      const int v = s < end ? __ldg(topk_ids + s) : -1;
-      key[u] = (unsigned)v < (unsigned)E ? v : -1;
+      for (int u = 0; u < kAlignUnroll; ++u) key[u] = first[u];
+    } else {
+#pragma unroll
+      for (int u = 0; u < kAlignUnroll; ++u) {
+        const int64_t s = base + u * 32 + lane;
+        const int v = s < end ? __ldg(topk_ids + s) : -1;
+        key[u] = (unsigned)v < (unsigned)E ? v : -1;
+      }
+      if (!kScatter && base == begin) {
+#pragma unroll
+        for (int u = 0; u < kAlignUnroll; ++u) first[u] = key[u];
+      }
     }
 #pragma unroll
     for (int u = 0; u < kAlignUnroll; ++u) {
       if (base + u * 32 >= end) break;  // warp-uniform
-      const unsigned peers = warp_peers(key[u], nbits);
-      const int leader = __ffs(peers) - 1;  // garbage for invalid lanes, which do nothing with it
-      int old = 0;
-      // NOTE: the previous round's counter update by another lane must be visible before this
-      // one reads the counter; __syncwarp orders the warp's shared-memory accesses.
-      if (kScatter) __syncwarp();
-      if (key[u] >= 0 && lane == leader) old = atomicAdd(row + key[u], __popc(peers));
-      if (kScatter) {
+      if constexpr (!kScatter) {
+        if (key[u] >= 0) atomicAdd(row + key[u], 1);
+      } else {
+        const unsigned peers = warp_peers<kPeers>(key[u]);
+        const int leader = __ffs(peers) - 1;  // garbage for invalid lanes, which do nothing with it
+        int old = 0;
+        // NOTE: the previous round's counter update by another lane must be visible before this
+        // one reads the counter; __syncwarp orders the warp's shared-memory accesses.
+        __syncwarp();
+        if (key[u] >= 0 && lane == leader) old = atomicAdd(row + key[u], __popc(peers));
         old = __shfl_sync(0xffffffffu, old, leader & 31);
         if (key[u] >= 0) sorted[old + __popc(peers & lt)] = static_cast<int32_t>(base + u * 32 + lane);
       }
@@ -143,8 +164,10 @@ __device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums) {
 }
 
 // The grid is exactly one cluster. padded_cap = max_padded_slots, num_blocks = max_align_blocks.
+// kPeers: how scatter rounds find same-expert lanes (see warp_peers).
+template <int kPeers>
 __global__ void __launch_bounds__(kAlignThreads, 1)
-    moe_align_kernel(const int32_t* __restrict__ topk_ids, int num_slots, int E, int nbits, int block_m,
+    moe_align_kernel(const int32_t* __restrict__ topk_ids, int num_slots, int E, int block_m,
                      int padded_cap, int num_blocks, int32_t* __restrict__ sorted,
                      int32_t* __restrict__ expert_ids, int32_t* __restrict__ post_padded) {
   extern __shared__ int32_t counts[];                // [kAlignWarps][E]: per-warp counters
@@ -158,7 +181,13 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
   const int cta = static_cast<int>(cluster.block_rank());
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
+  // Programmatic dependent launch (no-ops without the launch attribute): let the next kernel in
+  // the stream start launching now (it must wait for our completion before reading our outputs),
+  // and wait for the previous kernel (which writes topk_ids, or still reads our outputs) before
+  // the first global access. Only the shared-memory set-up overlaps the previous kernel.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   for (int i = tid; i < kAlignWarps * E; i += kAlignThreads) counts[i] = 0;
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   __syncthreads();
 
   // This warp's chunk: contiguous, in slot order across (cta, warp), a multiple of 32 long.
@@ -168,16 +197,19 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
   const int64_t end = std::min<int64_t>(begin + chunk, num_slots);
   int32_t* row = counts + warp * E;
 
-  walk_chunk<false>(topk_ids, begin, end, E, nbits, row, nullptr);
+  int first[kAlignUnroll];
+  walk_chunk<false, kPeers>(topk_ids, begin, end, E, row, nullptr, first);
   __syncthreads();
 
-  // Column e of the count table -> per-warp exclusive offsets within this CTA, and the CTA total.
+  // Column e of the count table -> per-warp exclusive offsets within this CTA (kept in registers
+  // until the expert's output offset is known), and the CTA total.
+  int col[kAlignWarps];
   if (tid < E) {
     int run = 0;
 #pragma unroll
     for (int w = 0; w < kAlignWarps; ++w) {
       const int v = counts[w * E + tid];
-      counts[w * E + tid] = run;
+      col[w] = run;
       run += v;
     }
     cta_total[tid] = run;
@@ -187,10 +219,14 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
 
   int before = 0, total = 0;  // slots of expert tid in lower CTAs, and in all CTAs
   if (tid < E) {
-    for (int r = 0; r < n_cta; ++r) {
-      const int v = *cluster.map_shared_rank(cta_total + tid, r);
-      before += r < cta ? v : 0;
-      total += v;
+    // Unrolled to the largest cluster so that the remote loads are all in flight at once.
+#pragma unroll
+    for (int r = 0; r < kAlignMaxCluster; ++r) {
+      if (r < n_cta) {
+        const int v = *cluster.map_shared_rank(cta_total + tid, r);
+        before += r < cta ? v : 0;
+        total += v;
+      }
     }
   }
   cluster_arrive_release();  // done with remote shared memory; waited for before exit
@@ -203,18 +239,25 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
     if (tid == E - 1) offsets[E] = incl;
     const int base = incl - padded + before;
 #pragma unroll
-    for (int w = 0; w < kAlignWarps; ++w) counts[w * E + tid] += base;
+    for (int w = 0; w < kAlignWarps; ++w) counts[w * E + tid] = base + col[w];
   }
   __syncthreads();
 
-  walk_chunk<true>(topk_ids, begin, end, E, nbits, row, sorted);
+  walk_chunk<true, kPeers>(topk_ids, begin, end, E, row, sorted, first);
 
   const int padded_total = offsets[E];
   const int sentinel = num_slots;
   const int gthread = cta * kAlignThreads + tid, n_threads = n_cta * kAlignThreads;
-  // Padding after each expert's slots: one warp per expert, so the stores coalesce.
-  for (int e = cta * kAlignWarps + warp; e < E; e += n_cta * kAlignWarps) {
-    for (int p = offsets[e] + expert_total[e] + lane; p < offsets[e + 1]; p += 32) sorted[p] = sentinel;
+  // Padding after each expert's slots (at most block_m - 1 entries): a group of `width` lanes per
+  // expert, the smallest power of two (up to a warp) that covers block_m - 1, so the stores of a
+  // group coalesce and small block_m does not leave most lanes idle.
+  if (block_m > 1) {
+    int width = 1;
+    while (width < 32 && width < block_m - 1) width <<= 1;
+    const int groups_per_warp = 32 / width;
+    const int stride = n_cta * kAlignWarps * groups_per_warp;
+    for (int e = (cta * kAlignWarps + warp) * groups_per_warp + lane / width; e < E; e += stride)
+      for (int p = offsets[e] + expert_total[e] + lane % width; p < offsets[e + 1]; p += width) sorted[p] = sentinel;
   }
   // Tail past the padded total.
   for (int64_t p = int64_t(padded_total) + gthread; p < padded_cap; p += n_threads) sorted[p] = sentinel;
@@ -238,8 +281,52 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
   cluster_wait_acquire();
 }
 
+using AlignKernel = void (*)(const int32_t*, int, int, int, int, int, int32_t*, int32_t*, int32_t*);
+
+// The instantiations: kPeers = 0 (match_any) and ballots over 3, 6, 8 or 10 id bits (E <= 8, 64,
+// 256, 1024); a launch takes the narrowest that holds E - 1.
+constexpr int kAlignBallotBits[] = {3, 6, 8, 10};
+constexpr AlignKernel kAlignKernels[] = {moe_align_kernel<0>, moe_align_kernel<3>, moe_align_kernel<6>,
+                                         moe_align_kernel<8>, moe_align_kernel<10>};
+static_assert((1 << kAlignBallotBits[3]) >= kAlignMaxExperts, "the widest ballot variant holds every id");
+
+AlignKernel pick_kernel(int E, bool match_any) {
+  if (match_any) return kAlignKernels[0];
+  for (int i = 0; i < 4; ++i)
+    if ((1 << kAlignBallotBits[i]) >= E) return kAlignKernels[i + 1];
+  throw Error("moe_align: E=" + std::to_string(E) + " has no kernel variant");
+}
+
+__global__ void __launch_bounds__(kAlignThreads, 1) align_shaped_noop_kernel() {}
+
+// attr must have room for 2 entries: the cluster shape, and programmatic stream serialisation (pdl).
+cudaLaunchConfig_t cluster_config(int n_cta, size_t smem, cudaStream_t stream, cudaLaunchAttribute* attr, bool cluster,
+                                  bool pdl = false) {
+  cudaLaunchConfig_t cfg = {};
+  unsigned n = 0;
+  if (cluster) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = n_cta;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.gridDim = dim3(n_cta);
+  cfg.blockDim = dim3(kAlignThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cfg;
+}
+
 // Per-device launch facts, found once: the largest cluster the device co-schedules with the
-// largest shared-memory configuration (E = kAlignMaxExperts), and the attributes set on the kernel.
+// largest shared-memory configuration (E = kAlignMaxExperts), and the attributes set on the kernels.
 struct AlignDeviceInfo {
   std::once_flag once;
   int max_cluster = 1;
@@ -249,8 +336,17 @@ std::array<AlignDeviceInfo, kMaxDevices> g_align_info;
 
 size_t align_dynamic_smem(int E) { return size_t(kAlignWarps) * E * sizeof(int32_t); }
 
+int current_device() {
+  int device = 0;
+  WNA16_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 0 || device >= kMaxDevices)
+    throw Error("moe_align: device ordinal " + std::to_string(device) + " is above the supported " +
+                std::to_string(kMaxDevices));
+  return device;
+}
+
 int align_max_cluster(int device) {
-  AlignDeviceInfo& info = g_align_info[device];
+  AlignDeviceInfo& info = g_align_info[size_t(device)];
   std::call_once(info.once, [&] {
     // NOTE: the first launch may happen inside a stream capture; these set-up calls are not stream
     // work, so run them in relaxed capture mode (restored on every path out).
@@ -260,31 +356,27 @@ int align_max_cluster(int device) {
       ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&prev); }
     } relaxed;
     const size_t smem = align_dynamic_smem(kAlignMaxExperts);
-    WNA16_CUDA_CHECK(cudaFuncSetAttribute(moe_align_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-    WNA16_CUDA_CHECK(cudaFuncSetAttribute(moe_align_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    int best = 0;
-    for (int c = kAlignMaxCluster; c >= 1 && best == 0; c /= 2) {
-      cudaLaunchConfig_t cfg = {};
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = c;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.gridDim = dim3(c);
-      cfg.blockDim = dim3(kAlignThreads);
-      cfg.dynamicSmemBytes = smem;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, moe_align_kernel, &cfg) != cudaSuccess) {
-        cudaGetLastError();  // an unsupported size is an answer, not an error
-        n = 0;
+    int best = kAlignMaxCluster;
+    for (AlignKernel k : kAlignKernels) {
+      WNA16_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      WNA16_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      int fits = 0;
+      for (int c = best; c >= 1 && fits == 0; c /= 2) {
+        cudaLaunchAttribute attr[2];
+        const cudaLaunchConfig_t cfg = cluster_config(c, smem, nullptr, attr, true);
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess) {
+          cudaGetLastError();  // an unsupported size is an answer, not an error
+          n = 0;
+        }
+        if (n >= 1) fits = c;
       }
-      if (n >= 1) best = c;
+      if (fits == 0)
+        throw Error("moe_align: this device cannot schedule even one 1024-thread CTA with " + std::to_string(smem) +
+                    " bytes of shared memory");
+      best = fits;
     }
-    if (best == 0) throw Error("moe_align: this device cannot schedule even one 1024-thread CTA with " +
-                               std::to_string(smem) + " bytes of shared memory");
+    WNA16_CUDA_CHECK(cudaFuncSetAttribute(align_shaped_noop_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     info.max_cluster = best;
   });
   return info.max_cluster;
@@ -292,8 +384,20 @@ int align_max_cluster(int device) {
 
 }  // namespace
 
-void launch_align(const int32_t* topk_ids, int64_t num_slots, int E, int block_m, int32_t* sorted_token_ids,
-                  int32_t* expert_ids, int32_t* num_tokens_post_padded, Stream stream) {
+const AlignTuning kAlignDefaultTuning{};
+
+int align_max_cluster_size() { return align_max_cluster(current_device()); }
+
+void launch_align_shaped_noop(int n_cta, bool cluster, Stream stream) {
+  align_max_cluster(current_device());
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = cluster_config(n_cta, 0, static_cast<cudaStream_t>(stream), attr, cluster);
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, align_shaped_noop_kernel));
+}
+
+void launch_align_tuned(const int32_t* topk_ids, int64_t num_slots, int E, int block_m, int32_t* sorted_token_ids,
+                        int32_t* expert_ids, int32_t* num_tokens_post_padded, const AlignTuning& tuning,
+                        Stream stream) {
   if (E <= 0) throw Error("moe_align: E=" + std::to_string(E) + " must be >= 1");
   if (E > kAlignMaxExperts)
     throw Error("moe_align: E=" + std::to_string(E) + " is above the supported maximum of " +
@@ -309,33 +413,25 @@ void launch_align(const int32_t* topk_ids, int64_t num_slots, int E, int block_m
                                                         std::to_string(num_slots));
   if ((padded_cap > 0 && sorted_token_ids == nullptr) || expert_ids == nullptr || num_tokens_post_padded == nullptr)
     throw Error("moe_align: an output pointer is null (sorted_token_ids, expert_ids, num_tokens_post_padded)");
+  if (tuning.slots_per_cta <= 0)
+    throw Error("moe_align: tuning slots_per_cta=" + std::to_string(tuning.slots_per_cta) + " must be >= 1");
   const int64_t num_blocks = max_align_blocks(num_slots, E, block_m);
 
-  int device = 0;
-  WNA16_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < 0 || device >= kMaxDevices) throw Error("moe_align: device ordinal " + std::to_string(device) +
-                                                       " is above the supported " + std::to_string(kMaxDevices));
-  const int max_cluster = align_max_cluster(device);
-  int n_cta = static_cast<int>(std::min<int64_t>((num_slots + kAlignSlotsPerCta - 1) / kAlignSlotsPerCta,
-                                                 max_cluster));
-  n_cta = std::max(n_cta, 1);
+  const int max_cluster = align_max_cluster(current_device());
+  const int n_cta = static_cast<int>(std::clamp<int64_t>(
+      (num_slots + tuning.slots_per_cta - 1) / tuning.slots_per_cta, 1, max_cluster));
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = cluster_config(n_cta, align_dynamic_smem(E), static_cast<cudaStream_t>(stream), attr,
+                                                !(tuning.plain_single && n_cta == 1), tuning.pdl);
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, pick_kernel(E, tuning.match_any), topk_ids, static_cast<int>(num_slots), E,
+                                      block_m, static_cast<int>(padded_cap), static_cast<int>(num_blocks),
+                                      sorted_token_ids, expert_ids, num_tokens_post_padded));
+}
 
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = n_cta;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.gridDim = dim3(n_cta);
-  cfg.blockDim = dim3(kAlignThreads);
-  cfg.dynamicSmemBytes = align_dynamic_smem(E);
-  cfg.stream = static_cast<cudaStream_t>(stream);
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  const int nbits = E > 1 ? 32 - __builtin_clz(unsigned(E - 1)) : 0;  // bits of the largest id, E - 1
-  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_align_kernel, topk_ids, static_cast<int>(num_slots), E, nbits, block_m,
-                                      static_cast<int>(padded_cap), static_cast<int>(num_blocks), sorted_token_ids,
-                                      expert_ids, num_tokens_post_padded));
+void launch_align(const int32_t* topk_ids, int64_t num_slots, int E, int block_m, int32_t* sorted_token_ids,
+                  int32_t* expert_ids, int32_t* num_tokens_post_padded, Stream stream) {
+  launch_align_tuned(topk_ids, num_slots, E, block_m, sorted_token_ids, expert_ids, num_tokens_post_padded,
+                     kAlignDefaultTuning, stream);
 }
 
 }  // namespace wna16::cuda

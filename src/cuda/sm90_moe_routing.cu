@@ -115,6 +115,11 @@ constexpr int kNone = 0x7fffffff;  // index of "no candidate": loses every tie
 // One warp per token. Lane l holds experts e = j * 32 + l (j < VPL): coalesced row loads.
 template <int VPL>
 __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteParams p) {
+  // Programmatic dependent launch (no-ops unless the launches carry the attribute): the next
+  // kernel (align) may start its set-up now; it waits for this grid's completion before reading
+  // topk_ids. And the logits are read only once the previous kernel (the router GEMM) is done.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int lane = threadIdx.x & 31;
   const int64_t m = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
   if (m >= p.M) return;  // warp-uniform

@@ -91,8 +91,27 @@ struct AlignBuffers {
   }
 };
 
-void launch_align_on(AlignBuffers& b, int64_t num_slots, int E, int block_m, cudaStream_t s) {
-  cuda::launch_align(b.ids.p, num_slots, E, block_m, b.sorted.p, b.experts.p, b.post.p, s);
+void launch_align_on(AlignBuffers& b, int64_t num_slots, int E, int block_m, cudaStream_t s,
+                     const cuda::AlignTuning* tuning = nullptr) {
+  if (tuning)
+    cuda::launch_align_tuned(b.ids.p, num_slots, E, block_m, b.sorted.p, b.experts.p, b.post.p, *tuning, s);
+  else
+    cuda::launch_align(b.ids.p, num_slots, E, block_m, b.sorted.p, b.experts.p, b.post.p, s);
+}
+
+// Every kernel variant the micro-benchmark compares; each must be bit-exact.
+std::vector<cuda::AlignTuning> align_tunings() {
+  using T = cuda::AlignTuning;
+  return {T{.match_any = false, .slots_per_cta = 4096, .name = "ballot/4096"},
+          T{.match_any = true, .slots_per_cta = 4096, .name = "match/4096"},
+          T{.match_any = false, .slots_per_cta = 2048, .name = "ballot/2048"},
+          T{.match_any = true, .slots_per_cta = 2048, .name = "match/2048"},
+          T{.match_any = false, .slots_per_cta = 8192, .name = "ballot/8192"},
+          T{.match_any = false, .slots_per_cta = 1024, .name = "ballot/1024"},
+          T{.match_any = false, .slots_per_cta = 4096, .plain_single = true, .name = "ballot/4096/plain1"},
+          T{.match_any = false, .slots_per_cta = 4096, .pdl = true, .name = "ballot/4096/pdl"},
+          T{.match_any = true, .slots_per_cta = 2048, .pdl = true, .name = "match/2048/pdl"},
+          T{.match_any = false, .slots_per_cta = 2048, .pdl = true, .name = "ballot/2048/pdl"}};
 }
 
 // Compares the device outputs with align_reference; returns an empty string when equal.
@@ -169,16 +188,18 @@ std::vector<int32_t> make_ids(Dist d, int64_t n, int E, std::mt19937_64& rng) {
   return ids;
 }
 
-void check_align_case(int64_t n, int E, int block_m, Dist d, std::mt19937_64& rng, cudaStream_t s) {
+void check_align_case(int64_t n, int E, int block_m, Dist d, std::mt19937_64& rng, cudaStream_t s,
+                      const cuda::AlignTuning* tuning = nullptr) {
   const auto ids = make_ids(d, n, E, rng);
   AlignBuffers b(n, E, block_m);
   b.ids.upload(ids);
   b.poison();
-  launch_align_on(b, n, E, block_m, s);
+  launch_align_on(b, n, E, block_m, s, tuning);
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaStreamSynchronize(s));
   const std::string err = compare_align(b, ids, E, block_m);
-  EXPECT_EQ(err, "") << "E=" << E << " block_m=" << block_m << " num_slots=" << n << " ids=" << dist_name(d);
+  EXPECT_EQ(err, "") << "E=" << E << " block_m=" << block_m << " num_slots=" << n << " ids=" << dist_name(d)
+                     << " tuning=" << (tuning ? tuning->name : "default");
 }
 
 class AlignGpu : public ::testing::Test {
@@ -222,6 +243,25 @@ TEST_F(AlignGpu, ThousandExpertsAndOddBlockSizes) {
         check_align_case(n, E, block_m, Dist::Uniform, rng_, stream_);
 }
 
+TEST_F(AlignGpu, EveryTuningMatchesReference) {
+  WNA16_REQUIRE_GPU();
+  // E = 9, 65, 257: one past the id widths of the ballot variants (3, 6, 8 bits).
+  for (const cuda::AlignTuning& t : align_tunings())
+    for (int E : {1, 8, 9, 64, 65, 256, 257, 512, 1024})
+      for (int block_m : {1, 16, 128})
+        for (int64_t n : {int64_t(1), int64_t(100), int64_t(4099), int64_t(32768), int64_t(262144)})
+          for (Dist d : {Dist::Uniform, Dist::OneExpert, Dist::Skewed})
+            check_align_case(n, E, block_m, d, rng_, stream_, &t);
+}
+
+// A short version of the above for compute-sanitizer runs.
+TEST_F(AlignGpu, EveryTuningSmall) {
+  WNA16_REQUIRE_GPU();
+  for (const cuda::AlignTuning& t : align_tunings())
+    for (int E : {8, 256, 1024})
+      for (int64_t n : {int64_t(100), int64_t(32768)}) check_align_case(n, E, 16, Dist::Uniform, rng_, stream_, &t);
+}
+
 TEST_F(AlignGpu, TwoToThe24Slots) {
   WNA16_REQUIRE_GPU();
   check_align_case(int64_t(1) << 24, 1024, 128, Dist::Uniform, rng_, stream_);
@@ -244,35 +284,40 @@ TEST_F(AlignGpu, GraphReplayWithNewIdsEqualsEager) {
   WNA16_REQUIRE_GPU();
   const int E = 256, block_m = 64;
   const int64_t n = 4096 * 8;
-  AlignBuffers g(n, E, block_m), e(n, E, block_m);
-  auto first = make_ids(Dist::DistinctPerToken, n, E, rng_);
-  g.ids.upload(first);
-  g.poison();
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
-  launch_align_on(g, n, E, block_m, stream_);
-  CUDA_OK(cudaStreamEndCapture(stream_, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  CUDA_OK(cudaGraphLaunch(exec, stream_));
-  CUDA_OK(cudaStreamSynchronize(stream_));
-  EXPECT_EQ(compare_align(g, first, E, block_m), "") << "first replay";
-  for (Dist d : {Dist::Uniform, Dist::OneExpert, Dist::EvenExpertsOnly}) {
-    const auto ids = make_ids(d, n, E, rng_);
-    g.ids.upload(ids);
+  std::vector<cuda::AlignTuning> tunings = align_tunings();
+  tunings.insert(tunings.begin(), cuda::kAlignDefaultTuning);
+  for (const cuda::AlignTuning& t : tunings) {
+    AlignBuffers g(n, E, block_m), e(n, E, block_m);
+    auto first = make_ids(Dist::DistinctPerToken, n, E, rng_);
+    g.ids.upload(first);
     g.poison();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    launch_align_on(g, n, E, block_m, stream_, &t);
+    launch_align_on(g, n, E, block_m, stream_, &t);  // twice: kernel-to-kernel edges (pdl) in the graph too
+    CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_OK(cudaGraphLaunch(exec, stream_));
-    e.ids.upload(ids);
-    e.poison();
-    launch_align_on(e, n, E, block_m, stream_);
     CUDA_OK(cudaStreamSynchronize(stream_));
-    EXPECT_EQ(g.sorted.download(), e.sorted.download()) << dist_name(d);
-    EXPECT_EQ(g.experts.download(), e.experts.download()) << dist_name(d);
-    EXPECT_EQ(g.post.download(), e.post.download()) << dist_name(d);
-    EXPECT_EQ(compare_align(g, ids, E, block_m), "") << "replay, " << dist_name(d);
+    EXPECT_EQ(compare_align(g, first, E, block_m), "") << "first replay, tuning " << t.name;
+    for (Dist d : {Dist::Uniform, Dist::OneExpert, Dist::EvenExpertsOnly}) {
+      const auto ids = make_ids(d, n, E, rng_);
+      g.ids.upload(ids);
+      g.poison();
+      CUDA_OK(cudaGraphLaunch(exec, stream_));
+      e.ids.upload(ids);
+      e.poison();
+      launch_align_on(e, n, E, block_m, stream_, &t);
+      CUDA_OK(cudaStreamSynchronize(stream_));
+      EXPECT_EQ(g.sorted.download(), e.sorted.download()) << dist_name(d) << " " << t.name;
+      EXPECT_EQ(g.experts.download(), e.experts.download()) << dist_name(d) << " " << t.name;
+      EXPECT_EQ(g.post.download(), e.post.download()) << dist_name(d) << " " << t.name;
+      EXPECT_EQ(compare_align(g, ids, E, block_m), "") << "replay, " << dist_name(d) << " " << t.name;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 TEST_F(AlignGpu, RefusesBadArgumentsNamingTheValue) {
@@ -294,14 +339,35 @@ TEST_F(AlignGpu, RefusesBadArgumentsNamingTheValue) {
 
 TEST(AlignGpuBench, PrintsMicroseconds) {
   WNA16_REQUIRE_GPU();
-  struct Case { int E; int64_t n; int bm; };
-  for (const Case c : {Case{256, 32768, 16}, Case{256, 32768, 64}, Case{256, 32768, 128}, Case{8, 2, 16},
-                       Case{256, 8, 16}, Case{128, 8192, 64}, Case{512, 262144, 64}, Case{512, 262144, 128},
-                       Case{1024, 262144, 128}, Case{256, int64_t(1) << 24, 128}}) {
-    const double us = cuda::bench_align_us(c.E, c.n, c.bm);
-    std::printf("[align bench] E=%d num_slots=%lld block_m=%d: %.2f us\n", c.E, (long long)c.n, c.bm, us);
-    EXPECT_GT(us, 0.0);
+  std::printf("[align bench] largest cluster: %d CTAs\n", cuda::align_max_cluster_size());
+  for (int n_cta : {1, 8, 16}) {
+    if (n_cta > cuda::align_max_cluster_size()) continue;
+    std::printf("[align bench] empty kernel, %d x 1024 threads, cluster: %.2f us\n", n_cta,
+                cuda::bench_align_noop_us(n_cta, true));
   }
+  std::printf("[align bench] empty kernel, 1 x 1024 threads, plain: %.2f us\n", cuda::bench_align_noop_us(1, false));
+  struct Case { int E; int64_t n; int bm; };
+  const std::vector<Case> cases = {{256, 32768, 16},  {256, 32768, 64},   {256, 32768, 128},  {8, 2, 16},
+                                   {256, 8, 16},      {256, 4096, 16},    {128, 8192, 64},    {8, 8192, 16},
+                                   {512, 262144, 64}, {512, 262144, 128}, {1024, 262144, 128}};
+  std::printf("[align bench] us per call (graph replay, median)\n[align bench] %-22s", "E/num_slots/block_m");
+  const auto tunings = align_tunings();
+  for (const auto& t : tunings) std::printf(" %19s", t.name);
+  std::printf("\n");
+  for (const Case& c : cases) {
+    char label[64];
+    std::snprintf(label, sizeof label, "%d/%lld/%d", c.E, (long long)c.n, c.bm);
+    std::printf("[align bench] %-22s", label);
+    for (const auto& t : tunings) {
+      const double us = cuda::bench_align_us(c.E, c.n, c.bm, t);
+      std::printf(" %19.2f", us);
+      EXPECT_GT(us, 0.0);
+    }
+    std::printf("\n");
+  }
+  const double big = cuda::bench_align_us(256, int64_t(1) << 24, 128);
+  std::printf("[align bench] default tuning, E=256 num_slots=16777216 block_m=128: %.2f us\n", big);
+  EXPECT_GT(big, 0.0);
 }
 
 // ---- routing ----------------------------------------------------------------------------------

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "cpu/cpu_layer.h"
+#include "cpu/kernels.h"
 #include "cpu/scalar_baseline.h"
 #include "cpu/thread_pool.h"
 #include "wna16/bench.h"
@@ -99,16 +100,10 @@ double stream_read(const uint64_t* buf, int64_t words) {
   const int T = pool.size();
   std::vector<uint64_t> sums(size_t(T), 0);
   const auto t0 = Clock::now();
+  const cpu::StreamSumFn sum = cpu::kernels(cpu::default_isa()).stream_sum;
   pool.run(T, [&](int64_t t, int) {
     const int64_t b = words * t / T, e = words * (t + 1) / T;
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (int64_t i = b; i + 4 <= e; i += 4) {
-      s0 += buf[i];
-      s1 += buf[i + 1];
-      s2 += buf[i + 2];
-      s3 += buf[i + 3];
-    }
-    sums[size_t(t)] = s0 + s1 + s2 + s3;
+    sums[size_t(t)] = sum(buf + b, e - b);
   });
   const double s = since(t0);
   uint64_t all = 0;

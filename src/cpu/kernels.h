@@ -47,10 +47,15 @@ using GemmBlockFn = void (*)(const PackedLinear& L, int64_t nb, const XRow* rows
 // logits[e] = float(sum_h double(x[h]) * double(w[e * H + h])) for e < E.
 using RouterFn = void (*)(const float* x, const float* w, int64_t H, int64_t E, float* logits);
 
+// Sum of n 64-bit words (the benchmark's read-bandwidth probe: widest loads the ISA has, so the
+// probe stays memory-bound even with a small share of a busy core).
+using StreamSumFn = uint64_t (*)(const uint64_t* p, int64_t n);
+
 struct Kernels {
   Isa isa;
   GemmBlockFn gemm_block;
   RouterFn router;
+  StreamSumFn stream_sum;
 };
 
 // Throws Error when the ISA is not supported by this CPU.
@@ -59,6 +64,9 @@ const Kernels& kernels(Isa isa);
 // Per-ISA entry points (kernels_<isa>.cpp); only call what isa_supported() allows.
 void gemm_block_scalar(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out);
 void router_scalar(const float* x, const float* w, int64_t H, int64_t E, float* logits);
+uint64_t stream_sum_scalar(const uint64_t* p, int64_t n);
+uint64_t stream_sum_avx2(const uint64_t* p, int64_t n);
+uint64_t stream_sum_avx512(const uint64_t* p, int64_t n);
 void gemm_block_avx2(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out);
 void router_avx2(const float* x, const float* w, int64_t H, int64_t E, float* logits);
 void gemm_block_avx512bf16(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out);

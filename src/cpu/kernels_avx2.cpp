@@ -92,6 +92,23 @@ void router_avx2_impl(const float* x, const float* w, int64_t H, int64_t E, floa
   }
 }
 
+uint64_t stream_sum_avx2_impl(const uint64_t* p, int64_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
+    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
+    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                     _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  uint64_t s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
 }  // namespace
 }  // namespace wna16::cpu
 
@@ -111,5 +128,7 @@ void gemm_block_avx2(const PackedLinear& L, int64_t nb, const XRow* rows, int m,
 void router_avx2(const float* x, const float* w, int64_t H, int64_t E, float* logits) {
   router_avx2_impl(x, w, H, E, logits);
 }
+
+uint64_t stream_sum_avx2(const uint64_t* p, int64_t n) { return stream_sum_avx2_impl(p, n); }
 
 }  // namespace wna16::cpu

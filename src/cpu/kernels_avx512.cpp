@@ -31,6 +31,10 @@ namespace wna16::cpu {
 namespace {
 
 constexpr int kMaxRows = 4;  // tokens sharing one decoded weight vector (16 accumulators)
+#ifndef WNA16_CPU_PREFETCH_BYTES
+#define WNA16_CPU_PREFETCH_BYTES 1024
+#endif
+constexpr int kPrefetchBytes = WNA16_CPU_PREFETCH_BYTES;  // may change speed, never results
 
 inline __m512i bcast_pair(const uint16_t* p) {
   int32_t v;
@@ -67,9 +71,10 @@ void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
     }
     const int64_t k_begin = v.group_kstart[gi], k_end = k_begin + v.group_len[gi];
     for (int64_t k = k_begin; k < k_end; k += kStepK, p += v.step_bytes) {
-      // NOTE: a software prefetch a few steps ahead keeps more lines in flight than the L2
-      // streamer alone when two streams (gate and up) alternate.
-      for (int l = 0; l < (INT8 ? 8 : 4); ++l) _mm_prefetch(reinterpret_cast<const char*>(p) + 1024 + 64 * l, _MM_HINT_T0);
+      // NOTE: software prefetch kPrefetchBytes ahead (about one DRAM latency of this loop at
+      // one token) keeps more lines in flight than the L2 streamer alone.
+      for (int l = 0; l < (INT8 ? 8 : 4); ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
       for (int j = 0; j < kTilesPerBlock; ++j) {
         const uint8_t* b = p + j * (INT8 ? 128 : 64);
         // (words >> 4i) & 0xF, lane c = channels (k+2i, k+2i+1) of column c; | 0x4300 -> bf16 128 + q.
@@ -165,6 +170,23 @@ void router_impl(const float* x, const float* w, int64_t H, int64_t E, float* lo
   }
 }
 
+uint64_t stream_sum_impl(const uint64_t* p, int64_t n) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm512_add_epi64(a0, _mm512_loadu_si512(p + i));
+    a1 = _mm512_add_epi64(a1, _mm512_loadu_si512(p + i + 8));
+    a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 16));
+    a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 24));
+  }
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+  uint64_t s = 0;
+  for (uint64_t l : lanes) s += l;
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
 }  // namespace
 }  // namespace wna16::cpu
 
@@ -184,5 +206,7 @@ void gemm_block_avx512bf16(const PackedLinear& L, int64_t nb, const XRow* rows, 
 void router_avx512(const float* x, const float* w, int64_t H, int64_t E, float* logits) {
   router_impl(x, w, H, E, logits);
 }
+
+uint64_t stream_sum_avx512(const uint64_t* p, int64_t n) { return stream_sum_impl(p, n); }
 
 }  // namespace wna16::cpu

@@ -67,4 +67,10 @@ void router_scalar(const float* x, const float* w, int64_t H, int64_t E, float* 
   }
 }
 
+uint64_t stream_sum_scalar(const uint64_t* p, int64_t n) {
+  uint64_t s = 0;
+  for (int64_t i = 0; i < n; ++i) s += p[i];
+  return s;
+}
+
 }  // namespace wna16::cpu

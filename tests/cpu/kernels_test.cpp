@@ -201,3 +201,19 @@ TEST(CpuThreadPool, RunsEveryTaskOnceAndPropagatesErrors) {
 
 }  // namespace
 }  // namespace wna16
+
+namespace wna16 {
+namespace {
+
+TEST(CpuKernels, StreamSumEveryIsa) {
+  std::vector<uint64_t> v(1003);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = i * 2654435761u;
+  const uint64_t want = cpu::stream_sum_scalar(v.data(), int64_t(v.size()));
+  for (cpu::Isa isa : cpu::supported_isas())
+    for (int64_t n : {0, 1, 31, 32, 1003})
+      EXPECT_EQ(cpu::kernels(isa).stream_sum(v.data(), n), cpu::stream_sum_scalar(v.data(), n)) << cpu::isa_name(isa);
+  EXPECT_NE(want, 0u);
+}
+
+}  // namespace
+}  // namespace wna16

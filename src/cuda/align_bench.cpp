@@ -90,6 +90,7 @@ double bench_align_us(int E, int64_t num_slots, int block_m, const AlignTuning& 
   WNA16_CUDA_CHECK(cudaMalloc(&r.experts, std::max<int64_t>(blocks, 1) * sizeof(int32_t)));
   WNA16_CUDA_CHECK(cudaMalloc(&r.post, sizeof(int32_t)));
   WNA16_CUDA_CHECK(cudaMemcpy(r.ids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  WNA16_CUDA_CHECK(cudaDeviceSynchronize());  // the benchmark stream does not wait for the legacy stream
   return time_graph_us(r, [&](cudaStream_t s) {
     launch_align_tuned(static_cast<const int32_t*>(r.ids), num_slots, E, block_m, static_cast<int32_t*>(r.sorted),
                        static_cast<int32_t*>(r.experts), static_cast<int32_t*>(r.post), tuning, s);

@@ -2,6 +2,9 @@
 // workspace, no host synchronisation, fixed-size outputs; bit-for-bit the contract of
 // align_reference (wna16/reference.h): slot ids grouped by ascending expert, ascending within an
 // expert, each expert's run padded with the sentinel (= num_slots) to a multiple of block_m.
+// The launch carries programmatic dependent launch (align_tuning.h): the kernel waits
+// (griddepcontrol.wait) for the previous kernel in the stream before its first global access, so
+// only its shared-memory set-up overlaps that kernel; it is correct after any predecessor.
 //
 // Why a cluster: the scatter must be stable (slot ids ascending within an expert), so every slot
 // needs the number of same-expert slots before it. With one cluster, the per-chunk counts live in

@@ -102,16 +102,17 @@ void launch_align_on(AlignBuffers& b, int64_t num_slots, int E, int block_m, cud
 // Every kernel variant the micro-benchmark compares; each must be bit-exact.
 std::vector<cuda::AlignTuning> align_tunings() {
   using T = cuda::AlignTuning;
-  return {T{.match_any = false, .slots_per_cta = 4096, .name = "ballot/4096"},
-          T{.match_any = true, .slots_per_cta = 4096, .name = "match/4096"},
-          T{.match_any = false, .slots_per_cta = 2048, .name = "ballot/2048"},
-          T{.match_any = true, .slots_per_cta = 2048, .name = "match/2048"},
-          T{.match_any = false, .slots_per_cta = 8192, .name = "ballot/8192"},
-          T{.match_any = false, .slots_per_cta = 1024, .name = "ballot/1024"},
-          T{.match_any = false, .slots_per_cta = 4096, .plain_single = true, .name = "ballot/4096/plain1"},
-          T{.match_any = false, .slots_per_cta = 4096, .pdl = true, .name = "ballot/4096/pdl"},
-          T{.match_any = true, .slots_per_cta = 2048, .pdl = true, .name = "match/2048/pdl"},
-          T{.match_any = false, .slots_per_cta = 2048, .pdl = true, .name = "ballot/2048/pdl"}};
+  return {T{.match_any = false, .slots_per_cta = 4096, .plain_single = false, .pdl = false, .name = "ballot/4096"},
+          T{.match_any = true, .slots_per_cta = 4096, .plain_single = false, .pdl = false, .name = "match/4096"},
+          T{.match_any = false, .slots_per_cta = 2048, .plain_single = false, .pdl = false, .name = "ballot/2048"},
+          T{.match_any = true, .slots_per_cta = 2048, .plain_single = false, .pdl = false, .name = "match/2048"},
+          T{.match_any = false, .slots_per_cta = 8192, .plain_single = false, .pdl = false, .name = "ballot/8192"},
+          T{.match_any = false, .slots_per_cta = 1024, .plain_single = false, .pdl = false, .name = "ballot/1024"},
+          T{.match_any = false, .slots_per_cta = 4096, .plain_single = true, .pdl = false, .name = "ballot/4096/plain1"},
+          T{.match_any = false, .slots_per_cta = 4096, .plain_single = false, .pdl = true, .name = "ballot/4096/pdl"},
+          T{.match_any = true, .slots_per_cta = 2048, .plain_single = false, .pdl = true, .name = "match/2048/pdl"},
+          T{.match_any = false, .slots_per_cta = 2048, .plain_single = false, .pdl = true, .name = "ballot/2048/pdl"},
+          T{.match_any = false, .slots_per_cta = 1024, .plain_single = false, .pdl = true, .name = "ballot/1024/pdl"}};
 }
 
 // Compares the device outputs with align_reference; returns an empty string when equal.
@@ -207,7 +208,9 @@ class AlignGpu : public ::testing::Test {
   void SetUp() override {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+    // NOTE: a blocking stream, so that each launch is ordered after the uploads and poison
+    // memsets, which run on the legacy default stream (a non-blocking stream raced them).
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
   }
   void TearDown() override {
     if (stream_) cudaStreamDestroy(stream_);
@@ -522,7 +525,9 @@ class RoutingGpu : public ::testing::Test {
   void SetUp() override {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+    // NOTE: a blocking stream, so that each launch is ordered after the uploads and poison
+    // memsets, which run on the legacy default stream (a non-blocking stream raced them).
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
   }
   void TearDown() override {
     if (stream_) cudaStreamDestroy(stream_);

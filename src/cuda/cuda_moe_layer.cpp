@@ -1,6 +1,6 @@
 // CudaMoeLayer: load-time repack of a MoE layer into the fused GEMM layout (moe_gemm.h) and the
 // per-call pipeline on one stream:
-//   memset(out_f32) -> router logits (fp32) -> routing -> [shared-expert slots] -> align
+//   router logits (fp32; also zeroes out_f32) -> routing -> [shared-expert slots] -> align
 //   -> GEMM1 (gate/up, SiLU*up, intermediate in act dtype) -> GEMM2 (x routing weight, fp32
 //   atomics into out_f32: the top-k sum and split-K partials) -> cast to act.
 // No allocation and no host synchronisation inside forward(); it can be captured in a CUDA graph.
@@ -416,7 +416,8 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
   auto* ids = reinterpret_cast<int32_t*>(ws + L.ids);
   auto* wts = reinterpret_cast<float*>(ws + L.w);
-  launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate, st);
+  launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate,
+                       reinterpret_cast<float*>(ws + L.acc), M * H, st);
   stage_done("router logits", st);
   launch_routing(spec.routing, logits, DType::F32, M, static_cast<const float*>(bias.p), ids, wts, st);
   stage_done("routing", st);
@@ -457,7 +458,6 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   char* ws = static_cast<char*>(workspace);
   const int bm = gemm_config_block_m(config);
   auto* acc = reinterpret_cast<float*>(ws + L.acc);
-  WNA16_CUDA_CHECK(cudaMemsetAsync(acc, 0, size_t(M * d.H * 4), st));
   d.route_and_align(x, M, act, ws, L, bm, st);
   const float* w2 = reinterpret_cast<const float*>(ws + (d.S > 0 ? L.w2 : L.w));
 
@@ -483,7 +483,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   r.x_stride = d.I;
   r.out = acc;
   r.topk_weights = w2;
-  r.splits = choose_splits(d.g2, config, M, d.k2);
+  r.splits = choose_splits(d.g2, config, act, M, d.k2);
   launch_moe_gemm(d.g2, r, st);
   stage_done("GEMM2 (down)", st);
 
@@ -502,7 +502,6 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
   char* ws = static_cast<char*>(workspace);
   const int bm = gemm_config_block_m(config);
   auto* acc = reinterpret_cast<float*>(ws + L.acc);
-  WNA16_CUDA_CHECK(cudaMemsetAsync(acc, 0, size_t(M * d.H * 4), st));
   d.route_and_align(x, M, act, ws, L, bm, st);
   // The loop pattern needs the per-expert block ranges on the host.
   int32_t ntpp = 0;
@@ -546,7 +545,7 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
     r.topk_weights = w2;
     r.mb_begin = b0;
     r.mb_count = nb;
-    r.splits = choose_splits(d.g2, config, M, d.k2);
+    r.splits = choose_splits(d.g2, config, act, M, d.k2);
     launch_moe_gemm(d.g2, r, st);
   }
   launch_cast_out(acc, out, act, M * d.H, st);

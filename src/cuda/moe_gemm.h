@@ -121,8 +121,8 @@ int gemm_config_block_m(int config);
 const char* gemm_config_name(int config);
 // The tile config for M tokens routed to E experts with topk slots each.
 int choose_gemm_config(int64_t M, int64_t topk, int64_t E);
-// Split-K for the WeightedSum GEMM so that enough work items exist to fill every SM.
-int choose_splits(const DeviceGemm& w, int config, int64_t M, int64_t topk);
+// Split-K for the WeightedSum GEMM so that the work items fill the resident blocks once.
+int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk);
 
 // Sets the kernels' shared-memory limits and reads their occupancy (no launch); launch_moe_gemm
 // does it on first use otherwise. Call before capturing a graph.

@@ -65,17 +65,29 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E) {
   return 2;
 }
 
-int choose_splits(const DeviceGemm& w, int config, int64_t M, int64_t topk) {
+int resident_blocks(int bits, int config, DType act) {
+  const int bps = bits == 4 ? gemm::launch_w4(nullptr, config, act, 0, nullptr)
+                            : gemm::launch_w8(nullptr, config, act, 0, nullptr);
+  return bps * gemm::device_info().sms;
+}
+
+int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk) {
+  // Work items = m-blocks x n-blocks x splits run on a persistent grid of the resident blocks.
+  // The m-block count is only known on the device: estimate it (distinct experts + the tokens'
+  // own blocks). Split K so the items fill the resident blocks once, never a little more (a
+  // second, nearly empty round would double the time of an issue-bound decode step).
   const int64_t bm = gemm_config_block_m(config);
   const int64_t slots = M * topk;
-  const int64_t est_mblocks = std::min<int64_t>(w.E, slots) + (slots + bm - 1) / bm;
+  const double p = std::min(1.0, double(topk) / double(std::max<int64_t>(1, w.E)));
+  const int64_t active = int64_t(std::ceil(double(w.E) * (1.0 - std::pow(1.0 - p, double(M)))));
+  const int64_t est_mblocks = std::max<int64_t>(1, std::min<int64_t>(active + slots / bm, (slots + bm - 1) / bm + w.E));
   const int64_t nb = w.NT / (kConfigs[config].block_n / 16);
-  const int64_t items = std::max<int64_t>(1, est_mblocks * nb);
-  const int64_t target = int64_t(gemm::device_info().sms) * 8;  // ~ resident blocks of the small configs
+  const int64_t items = est_mblocks * nb;
+  const int64_t resident = resident_blocks(w.bits, config, act);
   const int64_t kc = w.K / PackedGemm::kChunkK;
-  int64_t splits = (target + items - 1) / items;
-  splits = std::min<int64_t>(splits, std::max<int64_t>(1, kc / 8));  // keep >= 8 chunks per split
-  return int(std::clamp<int64_t>(splits, 1, 16));
+  int64_t splits = std::max<int64_t>(1, resident / std::max<int64_t>(1, items));
+  splits = std::min<int64_t>(splits, std::max<int64_t>(1, kc / 4));  // keep >= 4 chunks per split
+  return int(std::clamp<int64_t>(splits, 1, 32));
 }
 
 void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
@@ -131,8 +143,12 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.kc_per_split = int((kp.KC + r.splits - 1) / r.splits);
   kp.splits = (kp.KC + kp.kc_per_split - 1) / kp.kc_per_split;  // no empty split
   kp.epilogue = r.epilogue == GemmEpilogue::SiluMul ? 0 : 1;
-  static const bool no_hint = std::getenv("WNA16_NO_EVICT_HINT") != nullptr;  // A/B switch for measurements
+  // A/B switches for measurements (results are the same either way).
+  static const bool no_hint = std::getenv("WNA16_NO_EVICT_HINT") != nullptr;
+  static const bool no_defer = std::getenv("WNA16_NO_DEFER") != nullptr;
   kp.l2_hint = no_hint ? 0 : 1;
+  kp.defer_ok = !no_defer && w.group_len % PackedGemm::kChunkK == 0 && !(w.bits == 8 && r.act == DType::BF16);
+  kp.chunks_per_group = kp.defer_ok ? int(w.group_len / PackedGemm::kChunkK) : 1;
   const int64_t upper = r.mb_count >= 0 ? r.mb_count : r.max_blocks;
   auto s = static_cast<cudaStream_t>(stream);
   if (w.bits == 4) gemm::launch_w4(&kp, r.config, r.act, upper, s);

@@ -20,18 +20,29 @@ __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v)
 template <>
 __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// The layer's fp32 output accumulator is zeroed here, by every block of the router launch (one
+// graph node fewer than a separate memset; GEMM2 runs after this kernel on the same stream).
+__device__ __forceinline__ void zero_fill(float4* p, int64_t n4) {
+  const int64_t nthreads = int64_t(gridDim.x) * gridDim.y * blockDim.x;
+  const int64_t id = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = id; i < n4; i += nthreads) p[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
 // ---- router, few tokens: every weight row is read once, the H axis spread over a whole block ----
 constexpr int kSmallThreads = 256;
-constexpr int kSmallE = 4;  // router rows per block
+constexpr int kSmallE = 2;  // router rows per block (M=1: E/2 blocks stream the router)
 constexpr int kSmallM = 4;  // tokens per block
 constexpr int kSmallMaxM = 32;  // above this the tiled kernel re-reads the router far less
 
 template <class T>
 __global__ void __launch_bounds__(kSmallThreads)
     router_small_kernel(const T* __restrict__ x, int M, int H, const float* __restrict__ router, int E, int E_ext,
-                        float* __restrict__ logits, float* __restrict__ gate_logit) {
+                        float* __restrict__ logits, float* __restrict__ gate_logit, float4* __restrict__ zero,
+                        int64_t zero_n4) {
+  zero_fill(zero, zero_n4);
   const int e0 = blockIdx.x * kSmallE, m0 = blockIdx.y * kSmallM;
   float acc[kSmallE][kSmallM] = {};
+#pragma unroll 4
   for (int h = threadIdx.x * 4; h < H; h += kSmallThreads * 4) {
     float4 r[kSmallE];
 #pragma unroll
@@ -77,7 +88,9 @@ constexpr int kTile = 64, kTileK = 32, kTileThreads = 256;
 template <class T>
 __global__ void __launch_bounds__(kTileThreads)
     router_tiled_kernel(const T* __restrict__ x, int M, int H, const float* __restrict__ router, int E, int E_ext,
-                        float* __restrict__ logits, float* __restrict__ gate_logit) {
+                        float* __restrict__ logits, float* __restrict__ gate_logit, float4* __restrict__ zero,
+                        int64_t zero_n4) {
+  zero_fill(zero, zero_n4);
   __shared__ __align__(16) float xs[kTileK][kTile + 4];  // [k][token]
   __shared__ __align__(16) float rs[kTileK][kTile + 4];  // [k][expert]
   const int m0 = blockIdx.y * kTile, e0 = blockIdx.x * kTile;
@@ -168,7 +181,8 @@ int grid_for(int64_t n, int threads) {
 }  // namespace
 
 void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const float* router, int E, int E_ext,
-                          float* logits, float* gate_logit, Stream stream) {
+                          float* logits, float* gate_logit, float* zero, int64_t zero_n, Stream stream) {
+  if (zero_n % 4 != 0) throw Error("router: zero_n=" + std::to_string(zero_n) + " is not a multiple of 4");
   if (H % 4 != 0) throw Error("router: H=" + std::to_string(H) + " is not a multiple of 4");
   if (E_ext != E && E_ext != E + 1) throw Error("router: E_ext=" + std::to_string(E_ext) + " must be E or E+1");
   if (act != DType::BF16 && act != DType::F16)
@@ -180,10 +194,12 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
     const T* xt = static_cast<const T*>(x);
     if (M <= kSmallMaxM) {
       dim3 grid((E_ext + kSmallE - 1) / kSmallE, unsigned((M + kSmallM - 1) / kSmallM));
-      router_small_kernel<T><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits, gate_logit);
+      router_small_kernel<T><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits, gate_logit,
+                                                            reinterpret_cast<float4*>(zero), zero_n / 4);
     } else {
       dim3 grid((E_ext + kTile - 1) / kTile, unsigned((M + kTile - 1) / kTile));
-      router_tiled_kernel<T><<<grid, kTileThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits, gate_logit);
+      router_tiled_kernel<T><<<grid, kTileThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits, gate_logit,
+                                                            reinterpret_cast<float4*>(zero), zero_n / 4);
     }
   };
   if (act == DType::BF16) run(__nv_bfloat16{});

@@ -24,29 +24,35 @@ namespace wna16::cuda::gemm {
 // Warps sit side by side along n and share the block's token tile (the B operand in shared
 // memory); each warp owns WN = 2 consecutive 16-row weight tiles, which in GEMM1 are one gate/up
 // pair, so the SiLU(gate)*up epilogue stays inside the lane.
-template <int WARPS_, int WM_, int STAGES_, bool EVICT_FIRST_>
+template <int WARPS_, int WN_, int WM_, int STAGES_, bool EVICT_FIRST_, bool DEFER_>
 struct TileConfig {
   static constexpr int WARPS = WARPS_;             // warps per block, side by side along n
-  static constexpr int WN = 2;                     // 16-row weight tiles per warp (a gate/up pair)
+  static constexpr int WN = WN_;                   // 16-row weight tiles per warp (gate/up pairs in GEMM1)
   static constexpr int WM = WM_;                   // 8-token MMA columns per warp (= BLOCK_M / 8)
   static constexpr int STAGES = STAGES_;           // cp.async pipeline depth (64 k per stage)
   static constexpr bool EVICT_FIRST = EVICT_FIRST_;  // weights read once per call: don't keep in L2
+  // Deferred scaling (few tokens, issue-bound): the MMA takes the raw magic-number codes, the
+  // group's scale and zero point are applied to the fp32 partial sums once per group, the zero
+  // point through the tokens' row sums (one extra MMA per k-step with an all-ones A operand).
+  // 5 integer ops per 8 int4 weights instead of 15. Used when the group covers whole 64-k chunks.
+  static constexpr bool DEFER = DEFER_;
   static constexpr int THREADS = WARPS * 32;
   static constexpr int NTB = WARPS * WN;           // 16-row tiles per block
   static constexpr int BLOCK_N = NTB * 16;
   static constexpr int BLOCK_M = WM * 8;
+  static_assert(WN % 2 == 0, "GEMM1 needs whole gate/up tile pairs per warp");
   static_assert(PackedGemm::kTilePad % NTB == 0, "a block's tiles must divide the n-tile padding");
   static_assert(BLOCK_M <= THREADS, "one thread per token row fills the row tables");
   static_assert(STAGES >= 2 && STAGES <= 8, "pipeline depth");
   static_assert(WM >= 1 && WM <= 8, "accumulators: WN*WM*4 floats per lane");
 };
 
-// Decode (a few tokens per expert): 8-token tiles, small blocks, deep pipelines, evict-first.
-using CfgM8 = TileConfig<2, 1, 8, true>;
+// Decode (a few tokens per expert): one warp streams 4 tiles, deep pipeline, evict-first, deferred.
+using CfgM8 = TileConfig<1, 4, 1, 5, true, true>;
 // Medium (up to ~40 tokens per expert).
-using CfgM32 = TileConfig<4, 4, 4, true>;
+using CfgM32 = TileConfig<4, 2, 4, 4, true, true>;
 // Prefill: 64-token tiles, each dequantised weight fragment feeds 8 MMAs; weights reused via L2.
-using CfgM64 = TileConfig<4, 8, 4, false>;
+using CfgM64 = TileConfig<4, 2, 8, 4, false, false>;
 
 // ---- PTX helpers ----------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -206,6 +212,36 @@ __device__ __forceinline__ void dequant(const uint32_t* wv, int j, const TileMet
   }
 }
 
+// Deferred mode: the A registers hold magic + q exactly (no zero point, no scale).
+template <class T, int BITS>
+__device__ __forceinline__ void raw_codes(const uint32_t* wv, int j, uint32_t (&a)[4]) {
+  if constexpr (BITS == 4) {
+    const uint32_t w = wv[j];
+    constexpr uint32_t kMask = 0x000f000fu, kMagic2 = Act<T>::kMagic * 0x10001u;
+    a[0] = lop3<0xEA>(w, kMask, kMagic2);
+    a[1] = lop3<0xEA>(w >> 4, kMask, kMagic2);
+    a[2] = lop3<0xEA>(w >> 8, kMask, kMagic2);
+    a[3] = lop3<0xEA>(w >> 12, kMask, kMagic2);
+  } else {
+    static_assert(std::is_same_v<T, __half>, "int8 codes exceed bf16's magic-number range");
+    const uint32_t w0 = wv[2 * j], w1 = wv[2 * j + 1];
+    a[0] = __byte_perm(w0, 0x64646464u, 0x4140);
+    a[1] = __byte_perm(w0, 0x64646464u, 0x4342);
+    a[2] = __byte_perm(w1, 0x64646464u, 0x4140);
+    a[3] = __byte_perm(w1, 0x64646464u, 0x4342);
+  }
+}
+template <class T>
+__device__ __forceinline__ float magic_value() {
+  return std::is_same_v<T, __half> ? 1024.0f : 128.0f;
+}
+template <class T>
+__device__ __forceinline__ uint32_t ones2() {
+  return std::is_same_v<T, __half> ? 0x3C003C00u : 0x3F803F80u;  // 1.0 in both halves
+}
+__device__ __forceinline__ float f16_lo(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu))); }
+__device__ __forceinline__ float f16_hi(uint32_t w) { return __half2float(__ushort_as_half((unsigned short)(w >> 16))); }
+
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
 
 // Kernel arguments (by value; everything the launcher checked).
@@ -233,6 +269,8 @@ struct KParams {
   int splits, kc_per_split;
   int epilogue;  // 0: SiluMul, 1: WeightedSum
   int l2_hint;   // configs with EVICT_FIRST: 1 = weights loaded with the evict-first policy
+  int defer_ok;  // deferred scaling possible: group_len a multiple of 64, and not int8 with bf16
+  int chunks_per_group;  // group_len / 64 when defer_ok
 };
 
 template <class CFG, int BITS>
@@ -251,6 +289,8 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
   using S = Smem<CFG, BITS>;
   constexpr int U = S::U, BM = CFG::BLOCK_M, NTB = CFG::NTB, WN = CFG::WN, WM = CFG::WM;
   constexpr int STAGES = CFG::STAGES, THREADS = CFG::THREADS;
+  // int8 codes do not fit bf16's magic-number trick: that pair always scales per weight.
+  constexpr bool kCanDefer = CFG::DEFER && !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>);
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int s_src[BM];   // x row feeding each token column; -1: padding
   __shared__ int s_slot[BM];  // slot (token * topk + choice) of each column; -1: padding
@@ -259,6 +299,7 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
   const int g = lane >> 2, tig = lane & 3;
   const int xcopies = p.perm_up != nullptr ? 2 : 1;
   const int stage_bytes = S::stage_bytes(xcopies);
+  const bool defer = kCanDefer && p.defer_ok;
   const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / BM);
   const int nb_count = p.NT / NTB;
   const int64_t total = int64_t(num_mb) * nb_count * p.splits;
@@ -286,13 +327,16 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
     if (expert < 0 || nvalid == 0) continue;  // uniform across the block
     const int nact = (nvalid + 7) / 8;        // 8-token MMA columns holding at least one token
     const int kc0 = split * p.kc_per_split;
-    const int nk = min(p.KC, kc0 + p.kc_per_split) - kc0;
+    const int kc_end = min(p.KC, kc0 + p.kc_per_split);
+    const int nk = kc_end - kc0;
     if (nk <= 0) continue;
 
     const uint4* wexp = p.qweight + int64_t(expert) * p.qw_stride + int64_t(nb) * NTB * U * 32;
     const int64_t meta_base = int64_t(expert) * p.meta_stride + int64_t(nb) * NTB * 8;
     const int32_t* perm_e = p.perm ? p.perm + int64_t(expert) * p.K : nullptr;
     const int32_t* perm_up_e = p.perm_up ? p.perm_up + int64_t(expert) * p.K : nullptr;
+    // Deferred mode flushes (and needs the scales of) the last chunk of each group and of the split.
+    auto group_ends = [&](int kc) { return (kc + 1) % p.chunks_per_group == 0 || kc + 1 == kc_end; };
 
     auto load_stage = [&](int kc, int st) {
       unsigned char* sb = smem + st * stage_bytes;
@@ -304,41 +348,42 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
         if (hint) cp_async16_hint(sw + i, wsrc + i, policy);
         else cp_async16(sw + i, wsrc + i);
       }
-      // Activations: BM rows x 64 k (eight 16-byte units), zero-filled for padding rows.
+      // Activations: the valid rows of BM x 64 k (eight 16-byte units). Padding rows are not
+      // loaded: they only feed MMA columns whose results are discarded.
       uint4* sx = reinterpret_cast<uint4*>(sb + S::kWBytes);
       for (int c = 0; c < xcopies; ++c) {
         const int32_t* pm = c == 0 ? perm_e : perm_up_e;
-        for (int i = tid; i < BM * 8; i += THREADS) {
+        for (int i = tid; i < nvalid * 8; i += THREADS) {
           const int r = i >> 3, seg = i & 7;
           const int src = s_src[r];
           uint4* dst = sx + c * BM * S::kXRow + r * S::kXRow + seg;
           const int k = kc * 64 + seg * 8;
           if (pm == nullptr) {
-            cp_async16_zfill(dst, src >= 0 ? x + int64_t(src) * p.x_stride + k : x, src >= 0);
+            cp_async16(dst, x + int64_t(src) * p.x_stride + k);
           } else {
             // Act-order: gather the channels in sorted-g_idx order (synchronous; the stage being
             // written is not read until after the next barrier).
             uint32_t v[4] = {0u, 0u, 0u, 0u};
-            if (src >= 0) {
-              const unsigned short* xr = reinterpret_cast<const unsigned short*>(x + int64_t(src) * p.x_stride);
+            const unsigned short* xr = reinterpret_cast<const unsigned short*>(x + int64_t(src) * p.x_stride);
 #pragma unroll
-              for (int q = 0; q < 8; ++q)
-                v[q >> 1] |= uint32_t(__ldg(xr + __ldg(pm + k + q))) << (16 * (q & 1));
-            }
+            for (int q = 0; q < 8; ++q) v[q >> 1] |= uint32_t(__ldg(xr + __ldg(pm + k + q))) << (16 * (q & 1));
             *dst = make_uint4(v[0], v[1], v[2], v[3]);
           }
         }
       }
       // Scales (and zeros) of each lane's group for this chunk: lane tig covers k in
       // [64*kc + 16*tig, +16), always inside one group (group_len is a multiple of 16).
-      uint32_t* ss = reinterpret_cast<uint32_t*>(sb + S::kWBytes + xcopies * S::kXBytes);
-      uint32_t* sz = ss + NTB * 32;
-      for (int i = tid; i < NTB * 32; i += THREADS) {
-        const int ntl = i >> 5, ln = i & 31;
-        const int grp = (kc * 64 + (ln & 3) * 16) / p.group_len;
-        const int64_t off = meta_base + (int64_t(grp) * p.NT + ntl) * 8 + (ln >> 2);
-        cp_async4(ss + i, p.scales + off);
-        if (p.zeros) cp_async4(sz + i, p.zeros + off);
+      if (!defer || group_ends(kc)) {
+        uint32_t* ss = reinterpret_cast<uint32_t*>(sb + S::kWBytes + xcopies * S::kXBytes);
+        uint32_t* sz = ss + NTB * 32;
+        const int grp0 = defer ? kc / p.chunks_per_group : 0;
+        for (int i = tid; i < NTB * 32; i += THREADS) {
+          const int ntl = i >> 5, ln = i & 31;
+          const int grp = defer ? grp0 : (kc * 64 + (ln & 3) * 16) / p.group_len;
+          const int64_t off = meta_base + (int64_t(grp) * p.NT + ntl) * 8 + (ln >> 2);
+          cp_async4(ss + i, p.scales + off);
+          if (p.zeros) cp_async4(sz + i, p.zeros + off);
+        }
       }
     };
 
@@ -349,6 +394,21 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
       for (int t = 0; t < WM; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][t][e] = 0.0f;
+    // Deferred mode: this group's raw partial sums and the tokens' row sums (per activation copy).
+    // NOTE: two named row-sum arrays (not xs[copy]) keep every index a compile-time constant:
+    // the copy is a run-time value, and a run-time index would move the array to local memory.
+    float tmp[kCanDefer ? WN : 1][kCanDefer ? WM : 1][4];
+    float xs0[kCanDefer ? WM : 1][2], xs1[kCanDefer ? WM : 1][2];
+    if constexpr (kCanDefer) {
+#pragma unroll
+      for (int i = 0; i < WN; ++i)
+#pragma unroll
+        for (int t = 0; t < WM; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tmp[i][t][e] = 0.0f;
+#pragma unroll
+      for (int t = 0; t < WM; ++t) xs0[t][0] = xs0[t][1] = xs1[t][0] = xs1[t][1] = 0.0f;
+    }
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -371,7 +431,6 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
       const uint32_t* sz = ss + NTB * 32;
 
       uint32_t wq[WN][4 * U];
-      TileMeta<T, BITS> meta[WN];
 #pragma unroll
       for (int i = 0; i < WN; ++i) {
         const int ntl = warp * WN + i;
@@ -383,31 +442,98 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
           wq[i][4 * u + 2] = v.z;
           wq[i][4 * u + 3] = v.w;
         }
-        meta[i].load(ss[ntl * 32 + lane], p.zeros ? sz[ntl * 32 + lane] : p.default_zero);
       }
+
+      if (kCanDefer && defer) {
+        if constexpr (kCanDefer) {
+          const uint32_t one = ones2<T>();
+          const uint32_t ones[4] = {one, one, one, one};
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // B operand: token row (t*8 + g), 16-byte unit (2*tig + h) = real k 16*tig + 8*h .. +8,
-        // i.e. MMA k-steps 2h (words 0,1) and 2h+1 (words 2,3).
-        uint4 xb[WM];
+          for (int h = 0; h < 2; ++h) {
+            // B operand: token row (t*8 + g), 16-byte unit (2*tig + h) = real k 16*tig + 8*h .. +8,
+            // i.e. MMA k-steps 2h (words 0,1) and 2h+1 (words 2,3).
+            uint4 xb[WM];
 #pragma unroll
-        for (int t = 0; t < WM; ++t)
-          if (t < nact) xb[t] = sx[(t * 8 + g) * S::kXRow + 2 * tig + h];
+            for (int i = 0; i < WN; ++i) {
+              const int c = (xcopies == 2 && (i & 1)) ? 1 : 0;
+              if (i == 0 || xcopies == 2) {
+#pragma unroll
+                for (int t = 0; t < WM; ++t)
+                  if (t < nact) xb[t] = sx[c * BM * S::kXRow + (t * 8 + g) * S::kXRow + 2 * tig + h];
+                if (i < 2) {  // row sums of this copy (the zero-point correction); i == 1: up copy
+#pragma unroll
+                  for (int t = 0; t < WM; ++t)
+                    if (t < nact) {
+                      float(&xr)[2] = i == 0 ? xs0[t] : xs1[t];
+                      float d[4] = {xr[0], xr[1], 0.f, 0.f};
+                      Act<T>::mma(d, ones, xb[t].x, xb[t].y);
+                      Act<T>::mma(d, ones, xb[t].z, xb[t].w);
+                      xr[0] = d[0];
+                      xr[1] = d[1];
+                    }
+                }
+              }
+#pragma unroll
+              for (int jj = 0; jj < 2; ++jj) {
+                uint32_t a[4];
+                raw_codes<T, BITS>(wq[i], 2 * h + jj, a);
+#pragma unroll
+                for (int t = 0; t < WM; ++t)
+                  if (t < nact) Act<T>::mma(tmp[i][t], a, jj ? xb[t].z : xb[t].x, jj ? xb[t].w : xb[t].y);
+              }
+            }
+          }
+          if (group_ends(kc0 + kt)) {
+            // acc += s * (sum (magic + q) x - (magic + z) * sum x) = s * sum (q - z) x, per row.
+#pragma unroll
+            for (int i = 0; i < WN; ++i) {
+              const int ntl = warp * WN + i;
+              const bool up_copy = xcopies == 2 && (i & 1);
+              const uint32_t sw32 = ss[ntl * 32 + lane];
+              const uint32_t zw = p.zeros ? sz[ntl * 32 + lane] : p.default_zero;
+              const float s_lo = f16_lo(sw32), s_hi = f16_hi(sw32);
+              const float zc_lo = magic_value<T>() + float(zw & 0xffffu), zc_hi = magic_value<T>() + float(zw >> 16);
+#pragma unroll
+              for (int t = 0; t < WM; ++t) {
+                const float x0 = up_copy ? xs1[t][0] : xs0[t][0], x1 = up_copy ? xs1[t][1] : xs0[t][1];
+                acc[i][t][0] = fmaf(s_lo, fmaf(-zc_lo, x0, tmp[i][t][0]), acc[i][t][0]);
+                acc[i][t][1] = fmaf(s_lo, fmaf(-zc_lo, x1, tmp[i][t][1]), acc[i][t][1]);
+                acc[i][t][2] = fmaf(s_hi, fmaf(-zc_hi, x0, tmp[i][t][2]), acc[i][t][2]);
+                acc[i][t][3] = fmaf(s_hi, fmaf(-zc_hi, x1, tmp[i][t][3]), acc[i][t][3]);
+                tmp[i][t][0] = tmp[i][t][1] = tmp[i][t][2] = tmp[i][t][3] = 0.f;
+              }
+            }
+#pragma unroll
+            for (int t = 0; t < WM; ++t) xs0[t][0] = xs0[t][1] = xs1[t][0] = xs1[t][1] = 0.f;
+          }
+        }
+      } else {
+        TileMeta<T, BITS> meta[WN];
 #pragma unroll
         for (int i = 0; i < WN; ++i) {
-          if (i == 1 && xcopies == 2) {
-            // Up tiles of GEMM1 with their own act-order: the second activation copy.
+          const int ntl = warp * WN + i;
+          meta[i].load(ss[ntl * 32 + lane], p.zeros ? sz[ntl * 32 + lane] : p.default_zero);
+        }
 #pragma unroll
-            for (int t = 0; t < WM; ++t)
-              if (t < nact) xb[t] = sx[BM * S::kXRow + (t * 8 + g) * S::kXRow + 2 * tig + h];
-          }
+        for (int h = 0; h < 2; ++h) {
+          uint4 xb[WM];
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            uint32_t a[4];
-            dequant<T, BITS>(wq[i], 2 * h + jj, meta[i], a);
+          for (int i = 0; i < WN; ++i) {
+            if (i == 0 || xcopies == 2) {
+              // Up tiles of GEMM1 with their own act-order read the second activation copy.
+              const int c = (xcopies == 2 && (i & 1)) ? 1 : 0;
 #pragma unroll
-            for (int t = 0; t < WM; ++t)
-              if (t < nact) Act<T>::mma(acc[i][t], a, jj ? xb[t].z : xb[t].x, jj ? xb[t].w : xb[t].y);
+              for (int t = 0; t < WM; ++t)
+                if (t < nact) xb[t] = sx[c * BM * S::kXRow + (t * 8 + g) * S::kXRow + 2 * tig + h];
+            }
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              uint32_t a[4];
+              dequant<T, BITS>(wq[i], 2 * h + jj, meta[i], a);
+#pragma unroll
+              for (int t = 0; t < WM; ++t)
+                if (t < nact) Act<T>::mma(acc[i][t], a, jj ? xb[t].z : xb[t].x, jj ? xb[t].w : xb[t].y);
+            }
           }
         }
       }
@@ -417,9 +543,11 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
     // ---- epilogue: C rows are weight rows (g, g+8), columns are tokens (2*tig, 2*tig+1) ----
     if (p.epilogue == 0) {
       // Tiles (2p, 2p+1) = gate, up of intermediate columns 16p + g and 16p + g + 8.
-      const int pair = (nb * NTB + warp * WN) / 2;
-      const int c_lo = pair * 16 + g, c_hi = c_lo + 8;
-      if (c_lo < p.N / 2) {
+#pragma unroll
+      for (int pr = 0; pr < WN / 2; ++pr) {
+        const int pair = (nb * NTB + warp * WN) / 2 + pr;
+        const int c_lo = pair * 16 + g, c_hi = c_lo + 8;
+        if (c_lo >= p.N / 2) continue;
 #pragma unroll
         for (int t = 0; t < WM; ++t) {
 #pragma unroll
@@ -427,8 +555,9 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
             const int col = t * 8 + 2 * tig + e;
             if (t < nact && s_slot[col] >= 0) {
               char* row = static_cast<char*>(p.out) + (int64_t(mb) * BM + col) * p.out_stride * int64_t(sizeof(T));
-              Act<T>::store(row + c_lo * sizeof(T), silu(acc[0][t][e]) * acc[1][t][e]);
-              if (c_hi < p.N / 2) Act<T>::store(row + c_hi * sizeof(T), silu(acc[0][t][2 + e]) * acc[1][t][2 + e]);
+              Act<T>::store(row + c_lo * sizeof(T), silu(acc[2 * pr][t][e]) * acc[2 * pr + 1][t][e]);
+              if (c_hi < p.N / 2)
+                Act<T>::store(row + c_hi * sizeof(T), silu(acc[2 * pr][t][2 + e]) * acc[2 * pr + 1][t][2 + e]);
             }
           }
         }
@@ -502,29 +631,28 @@ void launch_config(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   WNA16_CUDA_CHECK_LAUNCH();
 }
 
-// kp == nullptr: only prepare the instantiation.
+// kp == nullptr: only prepare the instantiation. Returns the blocks resident per SM (one copy).
 template <int BITS>
-void launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s) {
+int launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s) {
   auto by_act = [&](auto cfg) {
     using C = decltype(cfg);
     if (act == DType::BF16) {
       if (kp) launch_config<C, __nv_bfloat16, BITS>(*kp, upper_mblocks, s);
-      else prepare_config<C, __nv_bfloat16, BITS>();
-    } else {
-      if (kp) launch_config<C, __half, BITS>(*kp, upper_mblocks, s);
-      else prepare_config<C, __half, BITS>();
+      return prepare_config<C, __nv_bfloat16, BITS>()[1];
     }
+    if (kp) launch_config<C, __half, BITS>(*kp, upper_mblocks, s);
+    return prepare_config<C, __half, BITS>()[1];
   };
   switch (config) {
-    case 0: by_act(CfgM8{}); break;
-    case 1: by_act(CfgM32{}); break;
-    default: by_act(CfgM64{}); break;
+    case 0: return by_act(CfgM8{});
+    case 1: return by_act(CfgM32{});
+    default: return by_act(CfgM64{});
   }
 }
 
 // One translation unit per bit width (compile time: 6 kernels each).
 // kp == nullptr: prepare only (shared-memory limit, occupancy).
-void launch_w4(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s);
-void launch_w8(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s);
+int launch_w4(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s);
+int launch_w8(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s);
 
 }  // namespace wna16::cuda::gemm

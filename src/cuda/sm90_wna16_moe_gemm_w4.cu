@@ -4,8 +4,8 @@
 
 namespace wna16::cuda::gemm {
 
-void launch_w4(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s) {
-  launch_bits<4>(kp, config, act, upper_mblocks, s);
+int launch_w4(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s) {
+  return launch_bits<4>(kp, config, act, upper_mblocks, s);
 }
 
 }  // namespace wna16::cuda::gemm

@@ -206,7 +206,7 @@ void run_gemm_case(const GemmCase& c) {
   r.out = d_out.p;
   r.topk_weights = static_cast<const float*>(d_tw.p);
   const DeviceGemm dg2 = dev(g2, d_q2, d_s2, d_z2);
-  r.splits = choose_splits(dg2, c.config, M, topk);
+  r.splits = choose_splits(dg2, c.config, c.act, M, topk);
   launch_moe_gemm(dg2, r, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<float> out = d_out.get<float>(size_t(M * H));

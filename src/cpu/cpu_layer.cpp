@@ -39,12 +39,12 @@ namespace wna16::cpu {
 const Kernels& kernels(Isa isa) {
   static const Kernels scalar{Isa::Scalar, gemm_block_scalar, router_scalar, stream_sum_scalar};
   static const Kernels avx2{Isa::Avx2, gemm_block_avx2, router_avx2, stream_sum_avx2};
-  static const Kernels avx512{Isa::Avx512Bf16, gemm_block_avx512bf16, router_avx512, stream_sum_avx512};
+  static const Kernels avx512{Isa::Avx512Vnni, gemm_block_avx512vnni, router_avx512, stream_sum_avx512};
   if (!isa_supported(isa)) throw Error(std::string("CPU ISA ") + isa_name(isa) + " is not supported by this CPU");
   switch (isa) {
     case Isa::Scalar: return scalar;
     case Isa::Avx2: return avx2;
-    case Isa::Avx512Bf16: return avx512;
+    case Isa::Avx512Vnni: return avx512;
   }
   return scalar;
 }
@@ -136,8 +136,6 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
   ThreadPool& pool = thread_pool();
   const int threads = pool.size();
   const DType act = compute_dtype(dtype);
-  const bool bf16_rows = isa_uses_bf16_rows(kernels_->isa);
-  const bool lo_rows = bf16_rows && act == DType::F16;
   const int64_t H = spec_.hidden, E = spec_.routing.num_experts;
   const int k = spec_.routing.top_k;
   const bool has_shared = int64_t(experts_.size()) > E;
@@ -146,7 +144,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
 
   // ---- A: activations to float, and the shared prepared rows --------------------------------
   xf_.resize(size_t(M * H));
-  const RowLayout xrow = row_layout(experts_[0].gate, bf16_rows, lo_rows);
+  const RowLayout xrow = row_layout_for(experts_[0].gate, kernels_->isa, act);
   if (shared_x_order_) xprep_.resize(size_t(M * xrow.stride));
   const int64_t tok_chunk = std::max<int64_t>(1, std::min<int64_t>(64, (M + threads * 4 - 1) / (threads * 4)));
   pool.run((M + tok_chunk - 1) / tok_chunk, [&](int64_t c, int) {
@@ -203,13 +201,13 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
   int64_t gu_stride = 0;
   if (!shared_x_order_) {
     for (const auto& ex : experts_)
-      gu_stride = std::max({gu_stride, row_layout(ex.gate, bf16_rows, lo_rows).stride,
-                            row_layout(ex.up, bf16_rows, lo_rows).stride});
+      gu_stride = std::max({gu_stride, row_layout_for(ex.gate, kernels_->isa, act).stride,
+                            row_layout_for(ex.up, kernels_->isa, act).stride});
     xprep_.resize(size_t(S * 2 * gu_stride));
     pool.run(int64_t(entries.size()), [&](int64_t i, int) {
       const Entry& en = entries[size_t(i)];
       const PackedExpert& ex = experts_[size_t(en.expert)];
-      const RowLayout lg = row_layout(ex.gate, bf16_rows, lo_rows), lu = row_layout(ex.up, bf16_rows, lo_rows);
+      const RowLayout lg = row_layout_for(ex.gate, kernels_->isa, act), lu = row_layout_for(ex.up, kernels_->isa, act);
       for (int64_t p = en.begin; p < en.begin + en.count; ++p) {
         const float* xs = &xf_[size_t(token_of(slot_order[size_t(p)]) * H)];
         prep_row(ex.gate, lg, xs, &xprep_[size_t((2 * p) * gu_stride)]);
@@ -253,7 +251,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
       const PackedExpert& ex = experts_[size_t(en.expert)];
       float* g = &tmp_[size_t(worker) * 2 * kRowsPerCall * kBlockN];
       float* u = g + kRowsPerCall * kBlockN;
-      const RowLayout lg = row_layout(ex.gate, bf16_rows, lo_rows), lu = row_layout(ex.up, bf16_rows, lo_rows);
+      const RowLayout lg = row_layout_for(ex.gate, kernels_->isa, act), lu = row_layout_for(ex.up, kernels_->isa, act);
       XRow rg[kRowsPerCall], ru[kRowsPerCall];
       const int64_t I = ex.gate.N, n0 = t.nb * kBlockN, nn = std::min<int64_t>(kBlockN, I - n0);
       for (int64_t c0 = t.t0; c0 < t.t1; c0 += kRowsPerCall) {
@@ -286,12 +284,12 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
   trace.mark("D");
   // ---- E: h rows in each down projection's K order -------------------------------------------
   int64_t h_stride = 0;
-  for (const auto& ex : experts_) h_stride = std::max(h_stride, row_layout(ex.down, bf16_rows, lo_rows).stride);
+  for (const auto& ex : experts_) h_stride = std::max(h_stride, row_layout_for(ex.down, kernels_->isa, act).stride);
   hprep_.resize(size_t(S * h_stride));
   pool.run(int64_t(entries.size()), [&](int64_t i, int) {
     const Entry& en = entries[size_t(i)];
     const PackedExpert& ex = experts_[size_t(en.expert)];
-    const RowLayout ld = row_layout(ex.down, bf16_rows, lo_rows);
+    const RowLayout ld = row_layout_for(ex.down, kernels_->isa, act);
     for (int64_t p = en.begin; p < en.begin + en.count; ++p)
       prep_row(ex.down, ld, &hbuf_[size_t(p * max_inter_)], &hprep_[size_t(p * h_stride)]);
   });
@@ -306,7 +304,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
       const Entry& en = entries[size_t(t.entry)];
       const PackedExpert& ex = experts_[size_t(en.expert)];
       float* y = &tmp_[size_t(worker) * 2 * kRowsPerCall * kBlockN];
-      const RowLayout ld = row_layout(ex.down, bf16_rows, lo_rows);
+      const RowLayout ld = row_layout_for(ex.down, kernels_->isa, act);
       XRow rd[kRowsPerCall];
       const int64_t n0 = t.nb * kBlockN, nn = std::min<int64_t>(kBlockN, H - n0);
       for (int64_t c0 = t.t0; c0 < t.t1; c0 += kRowsPerCall) {

@@ -10,15 +10,15 @@ const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::Scalar: return "scalar";
     case Isa::Avx2: return "avx2";
-    case Isa::Avx512Bf16: return "avx512bf16";
+    case Isa::Avx512Vnni: return "avx512vnni";
   }
   return "?";
 }
 
 Isa parse_isa(const std::string& s) {
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512Bf16})
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni})
     if (s == isa_name(i)) return i;
-  throw Error("unknown CPU ISA '" + s + "' (expected scalar, avx2 or avx512bf16)");
+  throw Error("unknown CPU ISA '" + s + "' (expected scalar, avx2 or avx512vnni)");
 }
 
 bool isa_supported(Isa isa) {
@@ -29,9 +29,9 @@ bool isa_supported(Isa isa) {
     case Isa::Scalar: return true;
     case Isa::Avx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    case Isa::Avx512Bf16:
+    case Isa::Avx512Vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
              isa_supported(Isa::Avx2);
   }
   return false;
@@ -42,7 +42,7 @@ bool isa_supported(Isa isa) {
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> v;
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512Bf16})
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni})
     if (isa_supported(i)) v.push_back(i);
   return v;
 }

@@ -1,6 +1,6 @@
 // Runtime SIMD dispatch for the CPU backend. Every kernel exists in three builds of the same
-// packed layout (packed_linear.h): AVX-512 with BF16 dot products, AVX2 + FMA + F16C in fp32, and
-// portable scalar code. The best one the CPU supports is used unless WNA16_CPU_ISA names another
+// packed layout (packed_linear.h): AVX-512 with VNNI int8 dot products, AVX2 + FMA + F16C in fp32,
+// and portable scalar code. The best one the CPU supports is used unless WNA16_CPU_ISA names another
 // (the tests run every one the machine can execute).
 #pragma once
 #include <string>
@@ -11,11 +11,11 @@ namespace wna16::cpu {
 enum class Isa {
   Scalar,      // portable C++
   Avx2,        // AVX2 + FMA + F16C: codes to fp32, fp32 FMAs, 8 lanes
-  Avx512Bf16,  // AVX-512 F/BW/VL + AVX512_BF16: codes to bf16 in registers, vdpbf16ps, 16 lanes
+  Avx512Vnni,  // AVX-512 F/BW/VL + VNNI: codes as u8, activations split in int8 terms, vpdpbusd
 };
 
 const char* isa_name(Isa isa);
-Isa parse_isa(const std::string& s);  // "scalar" | "avx2" | "avx512bf16"; throws Error naming s
+Isa parse_isa(const std::string& s);  // "scalar" | "avx2" | "avx512vnni"; throws Error naming s
 bool isa_supported(Isa isa);          // can this CPU (and OS) run it?
 std::vector<Isa> supported_isas();    // ascending
 // The ISA new layers use: WNA16_CPU_ISA when set (throws Error if unsupported), else the best.

@@ -8,16 +8,23 @@
 namespace wna16::cpu {
 
 // One token's activation prepared for one kernel K order (see PackedLinear::kmap), Kp entries:
-//  - bf16 kernels: hi = the activation as bf16 bits; for f16 activations also lo, the exact
-//    bf16 residual (x = hi + lo exactly: f16 has 11 significant bits, bf16 8), else null;
-//  - fp32 kernels: f = the activation as float.
-//  xs: per kernel group, the sum of the group's activations (for the zero-point term).
+//  - fp32 kernels (AVX2, scalar): f = the activation as float; xs = per kernel group, the sum of
+//    the group's activations (for the zero-point term).
+//  - int8 kernels (AVX-512 VNNI): per activation block (PackedLinear::xblock_*) of up to 64
+//    channels with scale s = max|x| / 127, the activation is split into int8 terms
+//        x ~= s * (q0 + q1 / 254 + q2 / 254^2),   |q_t| <= 127,
+//    each term the rounded remainder of the previous one. Two terms (bf16 activations, q2 null)
+//    leave an error <= max|x| / 64516 per element, 3 terms (f16) <= max|x| / 1.6e7: far below
+//    the activation dtype's own rounding for all but channels 100x smaller than their block's
+//    largest. bscale = s, bsum = sum over the block of (q0 + q1 / 254 + q2 / 254^2).
 struct XRow {
-  const uint16_t* hi = nullptr;
-  const uint16_t* lo = nullptr;
   const float* f = nullptr;
   const float* xs = nullptr;
+  const int8_t* q[3] = {nullptr, nullptr, nullptr};
+  const float* bscale = nullptr;
+  const float* bsum = nullptr;
 };
+inline constexpr float kTermRatio = 254.f;  // each int8 term resolves the previous one's half step
 
 // Plain-data view of one column block, so the ISA-specific code touches no std:: template (the
 // AVX-512/AVX2 files compile their functions for other targets; see kernels_avx512.cpp).
@@ -26,6 +33,9 @@ struct BlockView {
   int64_t groups;
   const int64_t* group_kstart;
   const int64_t* group_len;
+  const int64_t* group_xblock;  // [groups + 1]
+  const int64_t* xblock_kstart;
+  const int64_t* xblock_len;
   int bits;
   bool scales_f16;
   bool uniform_zero;
@@ -34,13 +44,14 @@ struct BlockView {
   bool zeros_u16;  // stored zero points are uint16 (int8), else uint8
 };
 inline BlockView block_view(const PackedLinear& L, int64_t nb) {
-  return {L.block(nb),          L.num_groups(),  L.group_kstart.data(), L.group_len.data(),
-          L.bits,               L.scale_fmt == ScaleFmt::F16, L.uniform_zero, L.zero,
-          L.scale_bytes(),      L.header_bytes(), L.tile_bytes(), L.step_bytes(), L.zero_bytes() == 2};
+  return {L.block(nb),      L.num_groups(),       L.group_kstart.data(),        L.group_len.data(),
+          L.group_xblock.data(), L.xblock_kstart.data(), L.xblock_len.data(), L.bits,
+          L.scale_fmt == ScaleFmt::F16, L.uniform_zero, L.zero, L.scale_bytes(),
+          L.header_bytes(), L.tile_bytes(), L.step_bytes(), L.zero_bytes() == 2};
 }
 
-// Does a kernel of this ISA take bf16 (hi/lo) rows or fp32 rows?
-inline bool isa_uses_bf16_rows(Isa isa) { return isa == Isa::Avx512Bf16; }
+// Does a kernel of this ISA take int8-term rows (else fp32 rows)?
+inline bool isa_uses_int8_rows(Isa isa) { return isa == Isa::Avx512Vnni; }
 
 // out[t * kBlockN + c] = sum_k x_t[k] W[k, 64 nb + c] for the m rows (no bias), c < 64.
 using GemmBlockFn = void (*)(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out);
@@ -69,7 +80,7 @@ uint64_t stream_sum_avx2(const uint64_t* p, int64_t n);
 uint64_t stream_sum_avx512(const uint64_t* p, int64_t n);
 void gemm_block_avx2(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out);
 void router_avx2(const float* x, const float* w, int64_t H, int64_t E, float* logits);
-void gemm_block_avx512bf16(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out);
+void gemm_block_avx512vnni(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out);
 void router_avx512(const float* x, const float* w, int64_t H, int64_t E, float* logits);
 
 }  // namespace wna16::cpu

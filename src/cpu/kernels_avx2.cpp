@@ -22,6 +22,7 @@ namespace {
 
 void gemm_rows_avx2(const BlockView& v, const XRow* rows, int m, float* out) {
   const __m256i low4 = _mm256_set1_epi32(0x0F);
+  const __m256i low8 = _mm256_set1_epi32(0xFF);
   for (int t = 0; t < m; ++t) {
     float* o = out + int64_t(t) * kBlockN;
     for (int c = 0; c < kBlockN; c += 8) _mm256_storeu_ps(o + c, _mm256_setzero_ps());
@@ -37,20 +38,26 @@ void gemm_rows_avx2(const BlockView& v, const XRow* rows, int m, float* out) {
         __m256 xk[kStepK];
         for (int i = 0; i < kStepK; ++i) xk[i] = _mm256_broadcast_ss(x + k0 + i);
         for (int v8 = 0; v8 < 8; ++v8) {  // 8 groups of 8 columns: tile v8/2, half v8%2
+          // Lane c: the 4 bytes of column 8 (v8 % 2) + c; byte i holds channels k0+i and k0+4+i.
           const uint8_t* b = p + (v8 >> 1) * v.tile_bytes + 32 * (v8 & 1);
-          // Lane c = word 2c | word 2c+1 << 16: nibble i of the low half is channel k0+2i, of the
-          // high half channel k0+2i+1.
           const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-          __m256i dh = _mm256_setzero_si256();
-          if (v.bits == 8) dh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64));
           __m256 a = acc[v8];
-          for (int i = 0; i < 4; ++i)
-            for (int e = 0; e < 2; ++e) {
-              const int sh = 4 * i + 16 * e;
-              __m256i q = _mm256_and_si256(_mm256_srli_epi32(d, sh), low4);
-              if (v.bits == 8) q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(dh, sh), low4), 4));
-              a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), xk[2 * i + e], a);
+          if (v.bits == 4) {
+            for (int i = 0; i < 4; ++i) {
+              const __m256i qa = _mm256_and_si256(_mm256_srli_epi32(d, 8 * i), low4);
+              const __m256i qb = _mm256_and_si256(_mm256_srli_epi32(d, 8 * i + 4), low4);
+              a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qa), xk[i], a);
+              a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qb), xk[4 + i], a);
             }
+          } else {  // int8: the second 64 bytes hold channels k0+4..k0+7
+            const __m256i d2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64));
+            for (int i = 0; i < 4; ++i) {
+              const __m256i qa = _mm256_and_si256(_mm256_srli_epi32(d, 8 * i), low8);
+              const __m256i qb = _mm256_and_si256(_mm256_srli_epi32(d2, 8 * i), low8);
+              a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qa), xk[i], a);
+              a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qb), xk[4 + i], a);
+            }
+          }
           acc[v8] = a;
         }
       }

@@ -1,7 +1,8 @@
-// AVX-512 kernels with AVX512_BF16: int4/int8 codes become bf16 (128 + q) in registers with one
-// mask-and-or (see packed_linear.h), and vdpbf16ps multiplies them by broadcast activation pairs
-// with fp32 accumulation: 32 multiply-adds per instruction and no float weight ever stored. Up to
-// 4 tokens share each decoded weight vector.
+// AVX-512 VNNI kernels: int4 codes are masked into u8 lanes (int8 codes are used as stored) and
+// vpdpbusd multiplies them with the int8 terms of the activations (kernels.h: XRow), four
+// products summed into each int32 lane per instruction: 64 multiply-adds, exact, no float weight
+// ever formed. Per activation block the int32 sums become fp32 once; per group the scale and zero
+// point are applied once. Up to kMaxRows tokens share each decoded weight vector.
 
 // NOTE: GCC 12 reports the self-initialised _mm512_undefined_*() inside its own intrinsic headers
 // as maybe-uninitialized once they are inlined; the warning is a known false positive.
@@ -16,142 +17,129 @@
 
 #include "cpu/kernels.h"
 
-// Everything up to the matching pop is compiled for AVX-512 + BF16. Every standard header is
+// Everything up to the matching pop is compiled for AVX-512 + VNNI. Every standard header is
 // included above: only functions defined inside the region get the target, and no std::
 // template (which the linker could share with code built for the baseline CPU) is defined here.
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))), \
                              apply_to = function)
 #elif defined(__GNUC__)
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #endif
 
 namespace wna16::cpu {
 namespace {
 
-constexpr int kMaxRows = 4;  // tokens sharing one decoded weight vector (16 accumulators)
+constexpr int kMaxRows = 2;  // tokens sharing one decoded weight vector (int32 accumulators: 8 per token and term)
 #ifndef WNA16_CPU_PREFETCH_BYTES
 #define WNA16_CPU_PREFETCH_BYTES 1024
 #endif
 constexpr int kPrefetchBytes = WNA16_CPU_PREFETCH_BYTES;  // may change speed, never results
 
-inline __m512i bcast_pair(const uint16_t* p) {
+inline __m512i bcast4(const int8_t* p) {
   int32_t v;
-  std::memcpy(&v, p, 4);  // the bf16 pair (x[k], x[k+1]) as one 32-bit lane
+  std::memcpy(&v, p, 4);  // x[k..k+3] as one 32-bit lane
   return _mm512_set1_epi32(v);
 }
 
-inline __m512 dot(__m512 acc, __m512i w, __m512i x) {
-  return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(w), reinterpret_cast<__m512bh&>(x));
-}
-
-// MR tokens x one 64-column block. INT8: two nibble planes per tile. LO: f16 activations, whose
-// exact bf16 residual is a second dot product into the same accumulator.
-template <int MR, bool INT8, bool LO>
+// MR tokens x one 64-column block, TERMS int8 terms per activation, 4- or 8-bit codes.
+template <int MR, int TERMS, bool INT8>
 void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
-  const __m512i nib = _mm512_set1_epi16(0x000F);
-  const __m512i mag = _mm512_set1_epi16(0x4300);    // bf16 128.0: OR a code < 128 into its mantissa
-  const __m512i mag16 = _mm512_set1_epi16(0x4500);  // bf16 2048.0: nibble h gives 16 * (128 + h)
-  // Every decoded weight is q + off: removed with the zero point at the end of each group.
-  const float off = INT8 ? 128.f * 17.f : 128.f;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512 inv = _mm512_set1_ps(1.f / kTermRatio), inv2 = _mm512_set1_ps(1.f / (kTermRatio * kTermRatio));
   for (int t = 0; t < MR; ++t)
     for (int c = 0; c < kBlockN; c += 16) _mm512_storeu_ps(out + t * kBlockN + c, _mm512_setzero_ps());
   const uint8_t* p = v.data;
   for (int64_t gi = 0; gi < v.groups; ++gi) {
     const uint8_t* hdr = p;
     p += v.header_bytes;
-    // NOTE: with one token the 4 tile accumulators would be 4 dependency chains of 4-16 dot
-    // products per step, latency-bound; a second set (odd pairs) doubles the chains.
-    constexpr bool kSplit = MR == 1;
-    __m512 acc[MR][kTilesPerBlock], acc2[kTilesPerBlock];
+    __m512 zero[kTilesPerBlock];  // per-column zero points of this group, as float
     for (int j = 0; j < kTilesPerBlock; ++j) {
-      for (int t = 0; t < MR; ++t) acc[t][j] = _mm512_setzero_ps();
-      acc2[j] = _mm512_setzero_ps();
-    }
-    const int64_t k_begin = v.group_kstart[gi], k_end = k_begin + v.group_len[gi];
-    for (int64_t k = k_begin; k < k_end; k += kStepK, p += v.step_bytes) {
-      // NOTE: software prefetch kPrefetchBytes ahead (about one DRAM latency of this loop at
-      // one token) keeps more lines in flight than the L2 streamer alone.
-      for (int l = 0; l < (INT8 ? 8 : 4); ++l)
-        _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
-      for (int j = 0; j < kTilesPerBlock; ++j) {
-        const uint8_t* b = p + j * (INT8 ? 128 : 64);
-        // (words >> 4i) & 0xF, lane c = channels (k+2i, k+2i+1) of column c; | 0x4300 -> bf16 128 + q.
-        const __m512i w = _mm512_load_si512(b);
-        __m512i wv[4];
-        wv[0] = _mm512_ternarylogic_epi32(w, nib, mag, 0xEA);  // (w & nib) | mag
-        wv[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 4), nib, mag, 0xEA);
-        wv[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 8), nib, mag, 0xEA);
-        wv[3] = _mm512_or_si512(_mm512_srli_epi16(w, 12), mag);
-        __m512i hv[4];
-        if constexpr (INT8) {
-          const __m512i h = _mm512_load_si512(b + 64);
-          hv[0] = _mm512_ternarylogic_epi32(h, nib, mag16, 0xEA);
-          hv[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(h, 4), nib, mag16, 0xEA);
-          hv[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(h, 8), nib, mag16, 0xEA);
-          hv[3] = _mm512_or_si512(_mm512_srli_epi16(h, 12), mag16);
-        }
-        for (int t = 0; t < MR; ++t)
-          for (int i = 0; i < 4; ++i) {
-            // Pairs 0, 2 go to acc, pairs 1, 3 to acc2 when split (two chains per tile).
-            __m512& a = (kSplit && (i & 1)) ? acc2[j] : acc[t][j];
-            const __m512i xh = bcast_pair(rows[t].hi + k + 2 * i);
-            a = dot(a, wv[i], xh);
-            if constexpr (INT8) a = dot(a, hv[i], xh);
-            if constexpr (LO) {
-              const __m512i xl = bcast_pair(rows[t].lo + k + 2 * i);
-              a = dot(a, wv[i], xl);
-              if constexpr (INT8) a = dot(a, hv[i], xl);
-            }
-          }
+      if (v.uniform_zero) {
+        zero[j] = _mm512_set1_ps(float(v.zero));
+      } else {
+        const uint8_t* zp = hdr + v.scale_bytes;
+        zero[j] = _mm512_cvtepi32_ps(
+            INT8 ? _mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(zp + 32 * j)))
+                 : _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(zp + 16 * j))));
       }
     }
-    // out += s * (acc - (z + off) * xs), once per group and column.
-    const __m512 zu = _mm512_set1_ps(float(v.zero) + off);
+    __m512 gacc[MR][kTilesPerBlock];  // this group's sum of x q - z x, unscaled by the weight scale
+    for (int t = 0; t < MR; ++t)
+      for (int j = 0; j < kTilesPerBlock; ++j) gacc[t][j] = _mm512_setzero_ps();
+    for (int64_t xb = v.group_xblock[gi]; xb < v.group_xblock[gi + 1]; ++xb) {
+      __m512i acc[MR][kTilesPerBlock][TERMS];
+      for (int t = 0; t < MR; ++t)
+        for (int j = 0; j < kTilesPerBlock; ++j)
+          for (int e = 0; e < TERMS; ++e) acc[t][j][e] = _mm512_setzero_si512();
+      const int64_t k_end = v.xblock_kstart[xb] + v.xblock_len[xb];
+      for (int64_t k = v.xblock_kstart[xb]; k < k_end; k += kStepK, p += v.step_bytes) {
+        // NOTE: software prefetch kPrefetchBytes ahead keeps more lines in flight than the L2
+        // streamer alone when a task hops between gate and up streams.
+        for (int l = 0; l < (INT8 ? 8 : 4); ++l)
+          _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
+        for (int j = 0; j < kTilesPerBlock; ++j) {
+          const uint8_t* b = p + j * (INT8 ? 128 : 64);
+          // Lane c of lo (hi): the u8 codes of channels k..k+3 (k+4..k+7) of column c.
+          __m512i lo, hi;
+          if constexpr (INT8) {
+            lo = _mm512_load_si512(b);
+            hi = _mm512_load_si512(b + 64);
+          } else {
+            const __m512i w = _mm512_load_si512(b);
+            lo = _mm512_and_si512(w, low4);
+            hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+          }
+          for (int t = 0; t < MR; ++t)
+            for (int e = 0; e < TERMS; ++e) {
+              acc[t][j][e] = _mm512_dpbusd_epi32(acc[t][j][e], lo, bcast4(rows[t].q[e] + k));
+              acc[t][j][e] = _mm512_dpbusd_epi32(acc[t][j][e], hi, bcast4(rows[t].q[e] + k + 4));
+            }
+        }
+      }
+      // Block end: gacc += s_x * ((A0 + A1 / 254 + A2 / 254^2) - z * bsum).
+      for (int t = 0; t < MR; ++t) {
+        const __m512 sx = _mm512_set1_ps(rows[t].bscale[xb]), bs = _mm512_set1_ps(rows[t].bsum[xb]);
+        for (int j = 0; j < kTilesPerBlock; ++j) {
+          __m512 f = _mm512_cvtepi32_ps(acc[t][j][0]);
+          f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t][j][1]), inv, f);
+          if constexpr (TERMS == 3) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t][j][2]), inv2, f);
+          f = _mm512_fnmadd_ps(zero[j], bs, f);
+          gacc[t][j] = _mm512_fmadd_ps(f, sx, gacc[t][j]);
+        }
+      }
+    }
+    // Group end: out += weight scale * gacc.
     for (int j = 0; j < kTilesPerBlock; ++j) {
       const __m512 s =
           v.scales_f16 ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(hdr + 32 * j)))
                        : _mm512_load_ps(reinterpret_cast<const float*>(hdr) + 16 * j);
-      __m512 zb = zu;
-      if (!v.uniform_zero) {
-        const uint8_t* zp = hdr + v.scale_bytes;
-        const __m512i z =
-            INT8 ? _mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(zp + 32 * j)))
-                 : _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(zp + 16 * j)));
-        zb = _mm512_add_ps(_mm512_cvtepi32_ps(z), _mm512_set1_ps(off));
-      }
-      if constexpr (kSplit) acc[0][j] = _mm512_add_ps(acc[0][j], acc2[j]);
       for (int t = 0; t < MR; ++t) {
-        const __m512 r = _mm512_fnmadd_ps(zb, _mm512_set1_ps(rows[t].xs[gi]), acc[t][j]);
         float* o = out + t * kBlockN + 16 * j;
-        _mm512_storeu_ps(o, _mm512_fmadd_ps(s, r, _mm512_loadu_ps(o)));
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(s, gacc[t][j], _mm512_loadu_ps(o)));
       }
     }
   }
 }
 
-template <bool INT8, bool LO>
+template <int TERMS, bool INT8>
 void gemm_rows(const BlockView& v, const XRow* rows, int m, float* out) {
   for (int t0 = 0; t0 < m; t0 += kMaxRows) {
-    const XRow* r = rows + t0;
-    float* o = out + int64_t(t0) * kBlockN;
-    switch (std::min(kMaxRows, m - t0)) {
-      case 1: gemm_mr<1, INT8, LO>(v, r, o); break;
-      case 2: gemm_mr<2, INT8, LO>(v, r, o); break;
-      case 3: gemm_mr<3, INT8, LO>(v, r, o); break;
-      default: gemm_mr<4, INT8, LO>(v, r, o); break;
-    }
+    if (m - t0 >= 2)
+      gemm_mr<2, TERMS, INT8>(v, rows + t0, out + int64_t(t0) * kBlockN);
+    else
+      gemm_mr<1, TERMS, INT8>(v, rows + t0, out + int64_t(t0) * kBlockN);
   }
 }
 
 void gemm_dispatch(const BlockView& v, const XRow* rows, int m, float* out) {
   if (m <= 0) return;
-  const bool lo = rows[0].lo != nullptr;
+  const bool three = rows[0].q[2] != nullptr;
   if (v.bits == 8)
-    lo ? gemm_rows<true, true>(v, rows, m, out) : gemm_rows<true, false>(v, rows, m, out);
+    three ? gemm_rows<3, true>(v, rows, m, out) : gemm_rows<2, true>(v, rows, m, out);
   else
-    lo ? gemm_rows<false, true>(v, rows, m, out) : gemm_rows<false, false>(v, rows, m, out);
+    three ? gemm_rows<3, false>(v, rows, m, out) : gemm_rows<2, false>(v, rows, m, out);
 }
 
 void router_impl(const float* x, const float* w, int64_t H, int64_t E, float* logits) {
@@ -198,7 +186,7 @@ uint64_t stream_sum_impl(const uint64_t* p, int64_t n) {
 
 namespace wna16::cpu {
 
-void gemm_block_avx512bf16(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out) {
+void gemm_block_avx512vnni(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out) {
   const BlockView v = block_view(L, nb);
   gemm_dispatch(v, rows, m, out);
 }

@@ -21,19 +21,17 @@ void gemm_block_scalar(const PackedLinear& L, int64_t nb, const XRow* rows, int 
       const int64_t k_end = v.group_kstart[gi] + v.group_len[gi];
       for (int64_t k0 = v.group_kstart[gi]; k0 < k_end; k0 += kStepK) {
         for (int tile = 0; tile < kTilesPerBlock; ++tile, p += v.tile_bytes)
-          for (int j = 0; j < kTileN; ++j)
-            for (int e = 0; e < 2; ++e) {
-              // Word 2j+e holds channels k0+e, k0+2+e, k0+4+e, k0+6+e of column j.
-              const int w = 2 * j + e;
-              const uint32_t lo = uint32_t(p[2 * w]) | uint32_t(p[2 * w + 1]) << 8;
-              const uint32_t hi = v.bits == 8 ? (uint32_t(p[64 + 2 * w]) | uint32_t(p[64 + 2 * w + 1]) << 8) : 0;
-              float sum = 0.f;
-              for (int i = 0; i < 4; ++i) {
-                const uint32_t q = ((lo >> (4 * i)) & 15u) | ((hi >> (4 * i)) & 15u) << 4;
-                sum += x[k0 + 2 * i + e] * float(q);
-              }
-              acc[tile * kTileN + j] += sum;
+          for (int j = 0; j < kTileN; ++j) {
+            float sum = 0.f;
+            for (int i = 0; i < 4; ++i) {
+              // Bytes 4j+i hold channels k0+i and k0+4+i of column j (packed_linear.h).
+              const uint32_t b = p[4 * j + i];
+              const uint32_t qa = v.bits == 4 ? (b & 15u) : b;
+              const uint32_t qb = v.bits == 4 ? (b >> 4) : uint32_t(p[64 + 4 * j + i]);
+              sum += x[k0 + i] * float(qa) + x[k0 + 4 + i] * float(qb);
             }
+            acc[tile * kTileN + j] += sum;
+          }
       }
       // Scale and zero point once per group and column: s * (sum x q - z * sum x).
       const float xs = rows[t].xs[gi];

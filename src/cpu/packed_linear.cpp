@@ -21,7 +21,7 @@ AlignedBytes aligned_bytes(size_t n) {
 
 bool PackedLinear::same_k_order(const PackedLinear& o) const {
   return K == o.K && Kp == o.Kp && identity_k == o.identity_k && kmap == o.kmap &&
-         group_kstart == o.group_kstart && group_len == o.group_len;
+         group_kstart == o.group_kstart && group_len == o.group_len && xblock_kstart == o.xblock_kstart;
 }
 
 int64_t PackedLinear::checkpoint_bytes() const {
@@ -78,6 +78,15 @@ PackedLinear pack_linear(const UnpackedLinear& u) {
     i = j;
   }
   p.Kp = int64_t(p.kmap.size());
+  for (size_t gi = 0; gi < p.group_len.size(); ++gi) {
+    p.group_xblock.push_back(p.num_xblocks());
+    const int64_t end = p.group_kstart[gi] + p.group_len[gi];
+    for (int64_t k = p.group_kstart[gi]; k < end; k += kXBlock) {
+      p.xblock_kstart.push_back(k);
+      p.xblock_len.push_back(std::min<int64_t>(kXBlock, end - k));
+    }
+  }
+  p.group_xblock.push_back(p.num_xblocks());
   p.identity_k = p.Kp == K;
   for (int64_t k = 0; p.identity_k && k < K; ++k) p.identity_k = p.kmap[size_t(k)] == k;
   if (p.identity_k) p.kmap.clear();
@@ -133,19 +142,13 @@ PackedLinear pack_linear(const UnpackedLinear& u) {
         for (int tile = 0; tile < kTilesPerBlock; ++tile) {
           for (int j = 0; j < kTileN; ++j) {
             const int64_t n = nb * kBlockN + tile * kTileN + j;
-            for (int e = 0; e < 2; ++e) {
-              uint32_t lo = 0, hi = 0;  // word 2j+e: channels k0+e, k0+2+e, k0+4+e, k0+6+e
-              for (int i = 0; i < 4; ++i) {
-                const uint32_t c = code(k0 + 2 * i + e, n);
-                lo |= (c & 15u) << (4 * i);
-                hi |= (c >> 4) << (4 * i);
-              }
-              const int w = 2 * j + e;
-              out[2 * w] = uint8_t(lo);
-              out[2 * w + 1] = uint8_t(lo >> 8);
-              if (u.bits == 8) {  // the high-nibble plane follows the low one
-                out[64 + 2 * w] = uint8_t(hi);
-                out[64 + 2 * w + 1] = uint8_t(hi >> 8);
+            for (int i = 0; i < 4; ++i) {
+              const uint32_t a = code(k0 + i, n), b = code(k0 + 4 + i, n);
+              if (u.bits == 4) {
+                out[4 * j + i] = uint8_t(a | b << 4);
+              } else {
+                out[4 * j + i] = uint8_t(a);
+                out[64 + 4 * j + i] = uint8_t(b);
               }
             }
           }

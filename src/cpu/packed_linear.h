@@ -8,6 +8,8 @@
 //   the same order at call time (kmap). Each group is padded to a multiple of 8 channels with
 //   code 0 / activation 0 (padding contributes exactly nothing). Kp = the padded total. When the
 //   order is the identity and nothing is padded, identity_k is set and no gather happens.
+//   Each group is further cut into activation blocks of at most kXBlock channels (the unit the
+//   int8 kernels scale activations by; see kernels.h).
 // Column blocks. N is padded to Np = 64 * NB; column block nb holds columns [64 nb, 64 nb + 64),
 //   split in 4 tiles of 16 (one 16-lane fp32 vector of results each). Padded columns have scale
 //   0 and code 0. Each block is one contiguous byte stream (block_bytes long, 64-byte aligned), so a
@@ -17,23 +19,17 @@
 //               zero point of the linear is the same value (GPTQ sym), 64 zero points as uint8
 //               (int4) or uint16 (int8: a GPTQ v1 zero can be 2^b, see src/formats/pack.cpp);
 //       steps:  group_len[gi] / 8 steps of 8 channels k0..k0+7, each 4 tiles of
-//               int4: 64 bytes per tile = 32 little-endian 16-bit words; for tile column j
-//                     (0..15) and e in {0, 1}:
-//                       word 2j+e = sum over i = 0..3 of q[k0 + 2i + e][j] << 4i
-//               int8: 128 bytes per tile: the same 64-byte pattern of the low nibbles, then of
-//                     the high nibbles (q = lo + 16 hi).
-//   Why this order: one 64-byte load holds a tile's 8 channels; the 32-bit lane j of
-//   (words >> 4i) & 0xF is the pair (q[k0+2i][j], q[k0+2i+1][j]), exactly the operand of a bf16
-//   pair dot product against the broadcast activation pair (x[k0+2i], x[k0+2i+1]). OR-ing the
-//   nibble into the mantissa of bf16 128.0 (0x4300) makes the bf16 value 128 + q in the same
-//   instruction as the mask (0x4500 = 2048.0 gives 16 * (128 + hi) for the int8 high nibble):
-//   4 vectors of 32 weights cost 7 bitwise instructions and no shuffle. The AVX2 kernel reads a
-//   32-bit lane as 8 nibbles of one column (k0..k0+7) and shifts them out one by one.
+//               int4: 64 bytes per tile; for tile column j (0..15) and i (0..3):
+//                       byte 4j+i = q[k0+i][j] | q[k0+4+i][j] << 4
+//               int8: 128 bytes per tile: byte 4j+i = q[k0+i][j], byte 64+4j+i = q[k0+4+i][j].
+//   Why this order: one 64-byte load holds a tile's 8 channels; masking the low (high) nibbles
+//   leaves in 32-bit lane j the four bytes q[k0..k0+3][j] (q[k0+4..k0+7][j]), exactly the u8
+//   operand of a VNNI dot product (vpdpbusd: four u8 x s8 products summed into an int32 lane)
+//   against the broadcast int8 activations x[k0..k0+3]: 2 bitwise instructions per 128 weights,
+//   none for int8. The AVX2 and scalar kernels read lane j as the 8 codes of column j.
 //
-// Zero point and scale are applied once per group and column (never per weight):
-//   sum_{k in g} x[k] s (q[k] - z) = s * (sum_k x[k] (q[k] + off) - (z + off) * sum_k x[k])
-// where off is the kernel's decoding offset (128, or 128 * 17 for int8, in the bf16 kernel; 0 in
-// the fp32 kernels) and sum_k x[k] per group is computed once per token (the "xs" of the prep).
+// Zero point and scale are applied once per activation block / group and column, never per weight:
+//   sum_{k in g} x[k] s (q[k] - z) = s * (sum_k x[k] q[k] - z * sum_k x[k]).
 #pragma once
 #include <cstdint>
 #include <cstdlib>
@@ -48,7 +44,9 @@ inline constexpr int kTileN = 16;                      // columns per tile = fp3
 inline constexpr int kTilesPerBlock = 4;               // tiles per column block
 inline constexpr int kBlockN = kTileN * kTilesPerBlock;  // columns one task computes
 inline constexpr int kStepK = 8;                       // channels per step (four bf16 pairs)
+inline constexpr int kXBlock = 64;                     // activation block (int8 kernels' scale unit)
 static_assert(kBlockN == 64, "the layout comment and the kernels assume 64-column blocks");
+static_assert(kXBlock % kStepK == 0, "activation blocks are whole steps");
 
 enum class ScaleFmt : uint8_t { F16, F32 };
 
@@ -70,12 +68,16 @@ struct PackedLinear {
   std::vector<int32_t> kmap;         // [Kp] original channel at each kernel position, -1 = pad
   std::vector<int64_t> group_kstart; // per kernel group: first kernel position
   std::vector<int64_t> group_len;    // per kernel group: channels incl. padding (multiple of 8)
+  // Activation blocks: groups cut in runs of at most kXBlock channels. Group gi owns blocks
+  // [group_xblock[gi], group_xblock[gi + 1]).
+  std::vector<int64_t> xblock_kstart, xblock_len, group_xblock;
   int64_t block_bytes = 0;
   AlignedBytes data;                 // NB * block_bytes
   std::vector<float> bias;           // [N] or empty
 
   int64_t num_groups() const { return int64_t(group_len.size()); }
-  int64_t tile_bytes() const { return bits == 4 ? 64 : 128; }
+  int64_t num_xblocks() const { return int64_t(xblock_len.size()); }
+  int64_t tile_bytes() const { return bits == 4 ? 64 : 128; }  // one tile, one step
   int64_t step_bytes() const { return tile_bytes() * kTilesPerBlock; }
   int64_t scale_bytes() const { return (scale_fmt == ScaleFmt::F16 ? 2 : 4) * kBlockN; }
   int64_t zero_bytes() const { return bits == 8 ? 2 : 1; }  // per stored zero point

@@ -1,65 +1,89 @@
 #include "cpu/xprep.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "wna16/half.h"
 
 namespace wna16::cpu {
 
-RowLayout row_layout(const PackedLinear& L, bool bf16, bool lo) {
+RowLayout row_layout(const PackedLinear& L, int terms) {
   RowLayout r;
+  r.terms = terms;
   int64_t off = 0;
   auto take = [&](int64_t bytes) {
     const int64_t o = off;
     off += (bytes + 63) / 64 * 64;
     return o;
   };
-  if (bf16) {
-    r.hi = take(L.Kp * 2);
-    if (lo) r.lo = take(L.Kp * 2);
+  if (terms > 0) {
+    for (int t = 0; t < terms; ++t) r.q[t] = take(L.Kp);
+    r.bscale = take(L.num_xblocks() * 4);
+    r.bsum = take(L.num_xblocks() * 4);
   } else {
     r.f = take(L.Kp * 4);
+    r.xs = take(L.num_groups() * 4);
   }
-  r.xs = take(L.num_groups() * 4);
   r.stride = off;
   return r;
 }
 
+RowLayout row_layout_for(const PackedLinear& L, Isa isa, DType act) {
+  return row_layout(L, isa_uses_int8_rows(isa) ? (act == DType::F16 ? 3 : 2) : 0);
+}
+
 XRow view_row(const RowLayout& r, const uint8_t* row) {
   XRow x;
-  if (r.hi >= 0) x.hi = reinterpret_cast<const uint16_t*>(row + r.hi);
-  if (r.lo >= 0) x.lo = reinterpret_cast<const uint16_t*>(row + r.lo);
   if (r.f >= 0) x.f = reinterpret_cast<const float*>(row + r.f);
-  x.xs = reinterpret_cast<const float*>(row + r.xs);
+  if (r.xs >= 0) x.xs = reinterpret_cast<const float*>(row + r.xs);
+  for (int t = 0; t < 3; ++t)
+    if (r.q[t] >= 0) x.q[t] = reinterpret_cast<const int8_t*>(row + r.q[t]);
+  if (r.bscale >= 0) x.bscale = reinterpret_cast<const float*>(row + r.bscale);
+  if (r.bsum >= 0) x.bsum = reinterpret_cast<const float*>(row + r.bsum);
   return x;
 }
 
-// Gathers x (original K order) into L's kernel order, in the row format of `r`, with group sums.
+// Gathers x (original K order) into L's kernel order, in the row format of `r`.
 void prep_row(const PackedLinear& L, const RowLayout& r, const float* x, uint8_t* row) {
-  uint16_t* hi = r.hi >= 0 ? reinterpret_cast<uint16_t*>(row + r.hi) : nullptr;
-  uint16_t* lo = r.lo >= 0 ? reinterpret_cast<uint16_t*>(row + r.lo) : nullptr;
-  float* f = r.f >= 0 ? reinterpret_cast<float*>(row + r.f) : nullptr;
-  float* xs = reinterpret_cast<float*>(row + r.xs);
-  for (int64_t gi = 0; gi < L.num_groups(); ++gi) {
+  auto value = [&](int64_t kp) -> float {
+    if (L.identity_k) return x[kp];
+    const int32_t k = L.kmap[size_t(kp)];
+    return k >= 0 ? x[k] : 0.f;
+  };
+  if (r.terms == 0) {
+    float* f = reinterpret_cast<float*>(row + r.f);
+    float* xs = reinterpret_cast<float*>(row + r.xs);
+    for (int64_t gi = 0; gi < L.num_groups(); ++gi) {
+      double sum = 0;
+      const int64_t k0 = L.group_kstart[size_t(gi)], k1 = k0 + L.group_len[size_t(gi)];
+      for (int64_t kp = k0; kp < k1; ++kp) sum += (f[kp] = value(kp));
+      xs[gi] = float(sum);
+    }
+    return;
+  }
+  int8_t* q[3] = {};
+  for (int t = 0; t < r.terms; ++t) q[t] = reinterpret_cast<int8_t*>(row + r.q[t]);
+  float* bscale = reinterpret_cast<float*>(row + r.bscale);
+  float* bsum = reinterpret_cast<float*>(row + r.bsum);
+  for (int64_t b = 0; b < L.num_xblocks(); ++b) {
+    const int64_t k0 = L.xblock_kstart[size_t(b)], k1 = k0 + L.xblock_len[size_t(b)];
+    float mx = 0.f;
+    for (int64_t kp = k0; kp < k1; ++kp) mx = std::max(mx, std::fabs(value(kp)));
+    const float s = mx / 127.f;
+    bscale[b] = s;
     double sum = 0;
-    const int64_t k0 = L.group_kstart[size_t(gi)], k1 = k0 + L.group_len[size_t(gi)];
     for (int64_t kp = k0; kp < k1; ++kp) {
-      float v;
-      if (L.identity_k) {
-        v = x[kp];
-      } else {
-        const int32_t k = L.kmap[size_t(kp)];
-        v = k >= 0 ? x[k] : 0.f;
-      }
-      sum += v;
-      if (f) {
-        f[kp] = v;
-      } else {
-        // bf16 activations are exact in hi; f16 ones split exactly into hi + lo.
-        const uint16_t h = float_to_bf16(v);
-        hi[kp] = h;
-        if (lo) lo[kp] = float_to_bf16(v - bf16_to_float(h));
+      // Each term is the rounded remainder of the previous one, in units 254x finer.
+      double rem = s > 0.f ? double(value(kp)) / double(s) : 0.0, unit = 1.0;
+      for (int t = 0; t < r.terms; ++t) {
+        const double m = std::clamp(std::nearbyint(rem), -127.0, 127.0);
+        q[t][kp] = int8_t(m);
+        sum += m * unit;
+        rem = (rem - m) * double(kTermRatio);
+        unit /= double(kTermRatio);
       }
     }
-    xs[gi] = float(sum);
+    bsum[b] = float(sum);
   }
 }
 

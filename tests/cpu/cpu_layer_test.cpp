@@ -3,6 +3,7 @@
 // every ISA build this machine can run, with fresh random data and poisoned outputs.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <tuple>
 
@@ -259,6 +260,36 @@ TEST(CpuScalarBaseline, MatchesReference) {
     for (DType act : {DType::BF16, DType::F16}) {
       const auto x = random_activations(17 * spec.hidden, act, 5);
       EXPECT_LE(error_vs_reference(*layer, spec, w, x, 17, act), layer_tolerance(act)) << q.describe();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace wna16
+
+namespace wna16 {
+namespace {
+
+// Real hidden states have a few channels 100x larger than the rest. The int8 kernels scale
+// activations per 64-channel block (kernels.h), so an outlier coarsens its block's resolution:
+// check it stays well inside the tolerance.
+TEST(CpuLayer, ActivationOutliers) {
+  const MoeLayerSpec spec = tiny_spec();
+  const MoeLayerWeights w = random_layer(spec, QuantScheme{}, 31);
+  for (Isa isa : cpu::supported_isas()) {
+    auto layer = cpu::make_cpu_layer_isa(spec, w, isa);
+    for (DType act : {DType::BF16, DType::F16}) {
+      const int64_t M = 17;
+      auto x = random_activations(M * spec.hidden, act, 8);
+      std::mt19937_64 rng(3);
+      for (int i = 0; i < 40; ++i) {  // ~1 outlier per 64-channel block
+        const size_t at = size_t(rng() % x.values.size());
+        const float v = (rng() % 2 ? 100.f : -100.f) * x.values[at];
+        x.bits[at] = act == DType::BF16 ? float_to_bf16(v) : float_to_f16(v);
+        x.values[at] = act == DType::BF16 ? bf16_to_float(x.bits[at]) : f16_to_float(x.bits[at]);
+      }
+      const double err = error_vs_reference(*layer, spec, w, x, M, act);
+      EXPECT_LE(err, 0.5 * layer_tolerance(act)) << cpu::isa_name(isa) << " " << dtype_name(act);
     }
   }
 }

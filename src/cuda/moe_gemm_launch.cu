@@ -112,6 +112,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   if (!w.qweight || !w.scales || !r.x || !r.out || !r.sorted_ids || !r.expert_ids ||
       (r.mb_count < 0 && !r.num_tokens_post_padded) || (r.epilogue == GemmEpilogue::WeightedSum && !r.topk_weights))
     throw Error("launch_moe_gemm: a required device pointer is null");
+  if (w.E * w.G * w.NT * 8 >= (int64_t(1) << 31))
+    throw Error("scale table of " + std::to_string(w.E * w.G * w.NT * 8) + " words is above the kernel's 2^31 index range");
   if (r.num_slots == 0 || r.mb_count == 0) return;
 
   gemm::KParams kp{};
@@ -128,6 +130,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.group_len = int(w.group_len);
   kp.KC = int(w.K / PackedGemm::kChunkK);
   kp.default_zero = (1u << (w.bits - 1)) * 0x10001u;
+  kp.G = int(w.G);
   kp.x = r.x;
   kp.x_stride = r.x_stride;
   kp.out = r.out;
@@ -149,6 +152,13 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.l2_hint = no_hint ? 0 : 1;
   kp.defer_ok = !no_defer && w.group_len % PackedGemm::kChunkK == 0 && !(w.bits == 8 && r.act == DType::BF16);
   kp.chunks_per_group = kp.defer_ok ? int(w.group_len / PackedGemm::kChunkK) : 1;
+  auto log2_or_neg = [](int64_t v) {
+    int sh = 0;
+    while ((int64_t(1) << sh) < v) ++sh;
+    return (int64_t(1) << sh) == v ? sh : -1;
+  };
+  kp.cpg_shift = log2_or_neg(kp.chunks_per_group);
+  kp.group_shift = log2_or_neg(w.group_len);
   const int64_t upper = r.mb_count >= 0 ? r.mb_count : r.max_blocks;
   auto s = static_cast<cudaStream_t>(stream);
   if (w.bits == 4) gemm::launch_w4(&kp, r.config, r.act, upper, s);

@@ -30,7 +30,7 @@ __device__ __forceinline__ void zero_fill(float4* p, int64_t n4) {
 
 // ---- router, few tokens: every weight row is read once, the H axis spread over a whole block ----
 constexpr int kSmallThreads = 256;
-constexpr int kSmallE = 2;  // router rows per block (M=1: E/2 blocks stream the router)
+constexpr int kSmallE = 1;  // router rows per block (M=1: E blocks stream the router)
 constexpr int kSmallM = 4;  // tokens per block
 constexpr int kSmallMaxM = 32;  // above this the tiled kernel re-reads the router far less
 
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kSmallThreads)
   zero_fill(zero, zero_n4);
   const int e0 = blockIdx.x * kSmallE, m0 = blockIdx.y * kSmallM;
   float acc[kSmallE][kSmallM] = {};
-#pragma unroll 4
+#pragma unroll 8
   for (int h = threadIdx.x * 4; h < H; h += kSmallThreads * 4) {
     float4 r[kSmallE];
 #pragma unroll

@@ -253,7 +253,7 @@ struct KParams {
   const int32_t* perm_up;   // GEMM1 act-order gather for the up tiles when it differs; null: same
   int64_t qw_stride;        // uint4 per expert
   int64_t meta_stride;      // words per expert
-  int K, N, NT, group_len, KC;
+  int K, N, NT, group_len, KC, G;
   uint32_t default_zero;    // (2^(bits-1)) in both halves, when zeros == null
   const void* x;
   int64_t x_stride;
@@ -271,6 +271,8 @@ struct KParams {
   int l2_hint;   // configs with EVICT_FIRST: 1 = weights loaded with the evict-first policy
   int defer_ok;  // deferred scaling possible: group_len a multiple of 64, and not int8 with bf16
   int chunks_per_group;  // group_len / 64 when defer_ok
+  int cpg_shift;         // log2(chunks_per_group) when a power of two, else -1
+  int group_shift;       // log2(group_len) when a power of two, else -1 (shifts, not divisions)
 };
 
 template <class CFG, int BITS>
@@ -332,42 +334,73 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
     if (nk <= 0) continue;
 
     const uint4* wexp = p.qweight + int64_t(expert) * p.qw_stride + int64_t(nb) * NTB * U * 32;
+    const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
+    const int mstride = p.NT * 8;                    // meta words per group
     const int64_t meta_base = int64_t(expert) * p.meta_stride + int64_t(nb) * NTB * 8;
     const int32_t* perm_e = p.perm ? p.perm + int64_t(expert) * p.K : nullptr;
     const int32_t* perm_up_e = p.perm_up ? p.perm_up + int64_t(expert) * p.K : nullptr;
     // Deferred mode flushes (and needs the scales of) the last chunk of each group and of the split.
-    auto group_ends = [&](int kc) { return (kc + 1) % p.chunks_per_group == 0 || kc + 1 == kc_end; };
+    auto group_ends = [&](int kc) {
+      if (kc + 1 == kc_end) return true;
+      if (p.G == 1) return kc + 1 == p.KC;
+      return p.cpg_shift >= 0 ? ((kc + 1) & ((1 << p.cpg_shift) - 1)) == 0 : (kc + 1) % p.chunks_per_group == 0;
+    };
+    // Per-thread load state, computed once per item so a stage costs a few adds per copy: the
+    // x rows this thread copies (row base + its 16-byte unit; null: padding row) and the
+    // offsets of its scale/zero entries.
+    constexpr int NW = (NTB * U * 32 + THREADS - 1) / THREADS;
+    constexpr int NXE = (BM * 8 + THREADS - 1) / THREADS;
+    constexpr int NME = (NTB * 32 + THREADS - 1) / THREADS;
+    // NOTE: 32-bit element offsets (the launcher checks that they fit) keep the register count
+    // of the 64-token config below its spill point.
+    int xoff[NXE];  // x element offset of this thread's row and unit, -1: padding row
+#pragma unroll
+    for (int e = 0; e < NXE; ++e) {
+      const int i = tid + e * THREADS;
+      const int r = i >> 3;
+      xoff[e] = (i < BM * 8 && r < nvalid) ? s_src[r] * int(p.x_stride) + (i & 7) * 8 : -1;
+    }
+    int moff[NME];  // meta word offset of this thread's entries (group 0)
+#pragma unroll
+    for (int e = 0; e < NME; ++e) {
+      const int i = tid + e * THREADS, ntl = i >> 5, ln = i & 31;
+      moff[e] = int(meta_base) + ntl * 8 + (ln >> 2);
+    }
 
     auto load_stage = [&](int kc, int st) {
       unsigned char* sb = smem + st * stage_bytes;
       uint4* sw = reinterpret_cast<uint4*>(sb);
       // Weights: for one k-chunk the block's NTB tiles are contiguous in memory.
-      const uint4* wsrc = wexp + int64_t(kc) * p.NT * U * 32;
+      const uint4* wsrc = wexp + int64_t(kc) * wstride;
 #pragma unroll
-      for (int i = tid; i < NTB * U * 32; i += THREADS) {
-        if (hint) cp_async16_hint(sw + i, wsrc + i, policy);
-        else cp_async16(sw + i, wsrc + i);
+      for (int e = 0; e < NW; ++e) {
+        const int i = tid + e * THREADS;
+        if ((NTB * U * 32) % THREADS == 0 || i < NTB * U * 32) {
+          if (hint) cp_async16_hint(sw + i, wsrc + i, policy);
+          else cp_async16(sw + i, wsrc + i);
+        }
       }
       // Activations: the valid rows of BM x 64 k (eight 16-byte units). Padding rows are not
       // loaded: they only feed MMA columns whose results are discarded.
       uint4* sx = reinterpret_cast<uint4*>(sb + S::kWBytes);
-      for (int c = 0; c < xcopies; ++c) {
-        const int32_t* pm = c == 0 ? perm_e : perm_up_e;
-        for (int i = tid; i < nvalid * 8; i += THREADS) {
-          const int r = i >> 3, seg = i & 7;
-          const int src = s_src[r];
-          uint4* dst = sx + c * BM * S::kXRow + r * S::kXRow + seg;
-          const int k = kc * 64 + seg * 8;
-          if (pm == nullptr) {
-            cp_async16(dst, x + int64_t(src) * p.x_stride + k);
-          } else {
-            // Act-order: gather the channels in sorted-g_idx order (synchronous; the stage being
-            // written is not read until after the next barrier).
-            uint32_t v[4] = {0u, 0u, 0u, 0u};
-            const unsigned short* xr = reinterpret_cast<const unsigned short*>(x + int64_t(src) * p.x_stride);
 #pragma unroll
-            for (int q = 0; q < 8; ++q) v[q >> 1] |= uint32_t(__ldg(xr + __ldg(pm + k + q))) << (16 * (q & 1));
-            *dst = make_uint4(v[0], v[1], v[2], v[3]);
+      for (int e = 0; e < NXE; ++e) {
+        if (xoff[e] < 0) continue;
+        const int i = tid + e * THREADS;
+        const int dst = (i >> 3) * S::kXRow + (i & 7);
+        if (perm_e == nullptr) {
+          cp_async16(sx + dst, x + xoff[e] + kc * 64);
+        } else {
+          // Act-order: gather the channels in sorted-g_idx order (synchronous; the stage being
+          // written is not read until after the next barrier). Up tiles may have their own order.
+          const int k = kc * 64 + (i & 7) * 8;
+          const unsigned short* xr = reinterpret_cast<const unsigned short*>(x + xoff[e] - (i & 7) * 8);
+          for (int c = 0; c < xcopies; ++c) {
+            const int32_t* pm = (c == 0 ? perm_e : perm_up_e) + k;
+            uint32_t v[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+            for (int q = 0; q < 8; ++q) v[q >> 1] |= uint32_t(__ldg(xr + __ldg(pm + q))) << (16 * (q & 1));
+            sx[c * BM * S::kXRow + dst] = make_uint4(v[0], v[1], v[2], v[3]);
           }
         }
       }
@@ -376,11 +409,17 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
       if (!defer || group_ends(kc)) {
         uint32_t* ss = reinterpret_cast<uint32_t*>(sb + S::kWBytes + xcopies * S::kXBytes);
         uint32_t* sz = ss + NTB * 32;
-        const int grp0 = defer ? kc / p.chunks_per_group : 0;
-        for (int i = tid; i < NTB * 32; i += THREADS) {
-          const int ntl = i >> 5, ln = i & 31;
-          const int grp = defer ? grp0 : (kc * 64 + (ln & 3) * 16) / p.group_len;
-          const int64_t off = meta_base + (int64_t(grp) * p.NT + ntl) * 8 + (ln >> 2);
+        const int grp0 = p.G == 1 ? 0 : (p.cpg_shift >= 0 ? kc >> p.cpg_shift : kc / p.chunks_per_group);
+#pragma unroll
+        for (int e = 0; e < NME; ++e) {
+          const int i = tid + e * THREADS;
+          if ((NTB * 32) % THREADS != 0 && i >= NTB * 32) continue;
+          int grp = grp0;
+          if (!defer) {
+            const int k = kc * 64 + ((tid + e * THREADS) & 3) * 16;
+            grp = p.G == 1 ? 0 : (p.group_shift >= 0 ? k >> p.group_shift : k / p.group_len);
+          }
+          const int off = moff[e] + grp * mstride;
           cp_async4(ss + i, p.scales + off);
           if (p.zeros) cp_async4(sz + i, p.zeros + off);
         }
@@ -459,11 +498,11 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
               if (i == 0 || xcopies == 2) {
 #pragma unroll
                 for (int t = 0; t < WM; ++t)
-                  if (t < nact) xb[t] = sx[c * BM * S::kXRow + (t * 8 + g) * S::kXRow + 2 * tig + h];
+                  if (WM == 1 || t < nact) xb[t] = sx[c * BM * S::kXRow + (t * 8 + g) * S::kXRow + 2 * tig + h];
                 if (i < 2) {  // row sums of this copy (the zero-point correction); i == 1: up copy
 #pragma unroll
                   for (int t = 0; t < WM; ++t)
-                    if (t < nact) {
+                    if (WM == 1 || t < nact) {
                       float(&xr)[2] = i == 0 ? xs0[t] : xs1[t];
                       float d[4] = {xr[0], xr[1], 0.f, 0.f};
                       Act<T>::mma(d, ones, xb[t].x, xb[t].y);
@@ -479,7 +518,7 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
                 raw_codes<T, BITS>(wq[i], 2 * h + jj, a);
 #pragma unroll
                 for (int t = 0; t < WM; ++t)
-                  if (t < nact) Act<T>::mma(tmp[i][t], a, jj ? xb[t].z : xb[t].x, jj ? xb[t].w : xb[t].y);
+                  if (WM == 1 || t < nact) Act<T>::mma(tmp[i][t], a, jj ? xb[t].z : xb[t].x, jj ? xb[t].w : xb[t].y);
               }
             }
           }
@@ -524,7 +563,7 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
               const int c = (xcopies == 2 && (i & 1)) ? 1 : 0;
 #pragma unroll
               for (int t = 0; t < WM; ++t)
-                if (t < nact) xb[t] = sx[c * BM * S::kXRow + (t * 8 + g) * S::kXRow + 2 * tig + h];
+                if (WM == 1 || t < nact) xb[t] = sx[c * BM * S::kXRow + (t * 8 + g) * S::kXRow + 2 * tig + h];
             }
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {
@@ -532,7 +571,7 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
               dequant<T, BITS>(wq[i], 2 * h + jj, meta[i], a);
 #pragma unroll
               for (int t = 0; t < WM; ++t)
-                if (t < nact) Act<T>::mma(acc[i][t], a, jj ? xb[t].z : xb[t].x, jj ? xb[t].w : xb[t].y);
+                if (WM == 1 || t < nact) Act<T>::mma(acc[i][t], a, jj ? xb[t].z : xb[t].x, jj ? xb[t].w : xb[t].y);
             }
           }
         }

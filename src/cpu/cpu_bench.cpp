@@ -45,6 +45,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double process_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 constexpr int64_t kRefMaxM = 4;                     // float64 reference timed up to this M
 constexpr int64_t kBaselineMaxM = 16;               // scalar baseline timed up to this M
@@ -229,6 +234,7 @@ struct CaseResult {
   double mbytes = 0;   // mean MB read per call
   double gbs = 0, pct_bw = 0, gflops = 0;
   double pct_adj = 0;  // median over calls of GB/s / the stream GB/s measured just before it
+  double cpu_share = 0;  // median over calls of process CPU time / (wall time x threads)
   double ref_us = NAN, base_us = NAN;
   double check_err = 0;
   bool pass = true;
@@ -279,7 +285,8 @@ int run_cpu_bench(const BenchOptions& o) {
   std::printf("read bandwidth (%d threads, %.0f MiB streamed) at start: best %.2f GB/s, median %.2f GB/s\n",
               pool.size(), double(evict_bytes) / (1 << 20), bw_start, bw_med);
   std::printf("%%BW = GB/s / the best stream pass of the whole run (printed at the end); %%adj = median over calls\n"
-              "of GB/s / the stream pass run just before that call (same machine load)\n");
+              "of GB/s / the stream pass run just before that call (same machine load); cpu%% = process CPU time /\n"
+              "(wall x threads) during the call (below 100: other processes took the cores)\n");
 
   std::vector<CaseResult> results;
   bool all_pass = true;
@@ -309,8 +316,8 @@ int run_cpu_bench(const BenchOptions& o) {
                     ? ""
                     : (" shared " + std::to_string(spec.shared_inter)).c_str(),
                 gen_s, load_s, err, layer_tolerance(act), pass ? "PASS" : "FAIL");
-    std::printf("%6s %10s %19s %8s %8s %8s %6s %8s %11s %8s %11s %8s\n", "M", "us", "spread(min-max)", "experts",
-                "MB", "GB/s", "%adj", "GFLOP/s", "ref us", "x ref", "scalar us", "x scal");
+    std::printf("%6s %10s %19s %8s %8s %8s %6s %5s %8s %11s %8s %11s %8s\n", "M", "us", "spread(min-max)", "experts",
+                "MB", "GB/s", "%adj", "cpu%", "GFLOP/s", "ref us", "x ref", "scalar us", "x scal");
 
     for (int64_t M : ms) {
       CaseResult r;
@@ -325,7 +332,7 @@ int run_cpu_bench(const BenchOptions& o) {
                            (double(k) * 3 * double(I) * double(H) +
                             (spec.shared_kind != SharedExpertKind::None ? 3.0 * double(spec.shared_inter) * double(H) : 0));
       layer.forward_host(xs[0].bits.data(), out.data(), M, act);  // warm-up (allocates scratch)
-      std::vector<double> times, rates, rel;
+      std::vector<double> times, rates, rel, shares;
       double bytes_sum = 0, experts_sum = 0;
       const auto t_case = Clock::now();
       for (int rep = 0; rep < 200; ++rep) {
@@ -334,9 +341,11 @@ int run_cpu_bench(const BenchOptions& o) {
         const double bw_now = stream_read(evict.get(), words);
         bw_best = std::max(bw_best, bw_now);
         const Act& x = xs[size_t(rep) % xs.size()];
+        const double c0 = process_cpu_seconds();
         const auto t0 = Clock::now();
         layer.forward_host(x.bits.data(), out.data(), M, act);
         const double t = since(t0);
+        shares.push_back(100.0 * (process_cpu_seconds() - c0) / (t * pool.size()));
         const double bytes = double(layer.last_stats().weight_bytes) + double(M * H * 2 * 2);
         times.push_back(t);
         rates.push_back(bytes / t / 1e9);
@@ -354,6 +363,7 @@ int run_cpu_bench(const BenchOptions& o) {
       r.experts = experts_sum / double(r.reps);
       r.gbs = median(rates);
       r.pct_adj = median(rel);
+      r.cpu_share = median(shares);
       r.gflops = flops / (r.us * 1e-6) / 1e9;
       if (M <= kRefMaxM) {
         stream_read(evict.get(), words);
@@ -371,9 +381,9 @@ int run_cpu_bench(const BenchOptions& o) {
         }
         r.base_us = median(bt) * 1e6;
       }
-      std::printf("%6lld %10.1f %19s %8.1f %8.2f %8.2f %5.1f%% %8.1f %11s %8s %11s %8s\n", (long long)M, r.us,
+      std::printf("%6lld %10.1f %19s %8.1f %8.2f %8.2f %5.1f%% %4.0f%% %8.1f %11s %8s %11s %8s\n", (long long)M, r.us,
                   (fmt_or_na(r.us_min, "%.0f") + "-" + fmt_or_na(r.us_max, "%.0f")).c_str(), r.experts, r.mbytes,
-                  r.gbs, r.pct_adj, r.gflops, fmt_or_na(r.ref_us, "%.0f").c_str(),
+                  r.gbs, r.pct_adj, r.cpu_share, r.gflops, fmt_or_na(r.ref_us, "%.0f").c_str(),
                   fmt_or_na(r.ref_us / r.us, "%.1f").c_str(), fmt_or_na(r.base_us, "%.0f").c_str(),
                   fmt_or_na(r.base_us / r.us, "%.1f").c_str());
       std::fflush(stdout);
@@ -385,10 +395,10 @@ int run_cpu_bench(const BenchOptions& o) {
   const double bw = bw_best;
   for (CaseResult& r : results) r.pct_bw = 100.0 * r.gbs / bw;
   std::printf("\nbest read bandwidth over the run: %.2f GB/s (= 100%%)\n", bw);
-  std::printf("%-20s %6s %10s %8s %7s %7s\n", "model", "M", "us", "GB/s", "%BW", "%adj");
+  std::printf("%-20s %6s %10s %8s %7s %7s %5s\n", "model", "M", "us", "GB/s", "%BW", "%adj", "cpu%");
   for (const CaseResult& r : results)
-    std::printf("%-20s %6lld %10.1f %8.2f %6.1f%% %6.1f%%\n", r.model.c_str(), (long long)r.M, r.us, r.gbs, r.pct_bw,
-                r.pct_adj);
+    std::printf("%-20s %6lld %10.1f %8.2f %6.1f%% %6.1f%% %4.0f%%\n", r.model.c_str(), (long long)r.M, r.us, r.gbs,
+                r.pct_bw, r.pct_adj, r.cpu_share);
 
   // ---- JSON / CSV --------------------------------------------------------------------------
   auto num = [](double v) { return std::isfinite(v) ? fmt_or_na(v, "%.6g") : std::string("null"); };
@@ -406,7 +416,7 @@ int run_cpu_bench(const BenchOptions& o) {
         << ", \"us_min\": " << num(r.us_min) << ", \"us_max\": " << num(r.us_max) << ", \"reps\": " << r.reps
         << ", \"active_experts\": " << num(r.experts) << ", \"mbytes\": " << num(r.mbytes)
         << ", \"gbs\": " << num(r.gbs) << ", \"pct_bw\": " << num(r.pct_bw) << ", \"pct_bw_adjacent\": " << num(r.pct_adj)
-        << ", \"gflops\": " << num(r.gflops)
+        << ", \"cpu_share_pct\": " << num(r.cpu_share) << ", \"gflops\": " << num(r.gflops)
         << ", \"ref_us\": " << num(r.ref_us) << ", \"speedup_ref\": " << num(r.ref_us / r.us)
         << ", \"scalar_us\": " << num(r.base_us) << ", \"speedup_scalar\": " << num(r.base_us / r.us)
         << ", \"check_rel_err\": " << num(r.check_err) << ", \"pass\": " << (r.pass ? "true" : "false") << "}"
@@ -418,13 +428,13 @@ int run_cpu_bench(const BenchOptions& o) {
     std::ofstream f(o.csv_path);
     if (!f) throw Error("bench: cannot write --csv " + o.csv_path);
     f << "device,machine,threads,isa,date,commit,scheme,dtype,read_bw_gbs,model,M,us,us_min,us_max,reps,"
-         "active_experts,mbytes,gbs,pct_bw,pct_bw_adjacent,gflops,ref_us,speedup_ref,scalar_us,speedup_scalar,check_rel_err,pass\n";
+         "active_experts,mbytes,gbs,pct_bw,pct_bw_adjacent,cpu_share_pct,gflops,ref_us,speedup_ref,scalar_us,speedup_scalar,check_rel_err,pass\n";
     for (const CaseResult& r : results)
       f << "cpu,\"" << machine << "\"," << pool.size() << "," << cpu::isa_name(isa) << "," << date << "," << commit
         << ",\"" << o.scheme.describe() << "\"," << dtype_name(act) << "," << num(bw) << "," << r.model << "," << r.M
         << "," << num(r.us) << "," << num(r.us_min) << "," << num(r.us_max) << "," << r.reps << ","
         << num(r.experts) << "," << num(r.mbytes) << "," << num(r.gbs) << "," << num(r.pct_bw) << ","
-        << num(r.pct_adj) << ","
+        << num(r.pct_adj) << "," << num(r.cpu_share) << ","
         << num(r.gflops) << "," << num(r.ref_us) << "," << num(r.ref_us / r.us) << "," << num(r.base_us) << ","
         << num(r.base_us / r.us) << "," << num(r.check_err) << "," << (r.pass ? "true" : "false") << "\n";
   }

@@ -32,10 +32,16 @@ namespace wna16::cpu {
 namespace {
 
 constexpr int kMaxRows = 2;  // tokens sharing one decoded weight vector (int32 accumulators: 8 per token and term)
-#ifndef WNA16_CPU_PREFETCH_BYTES
-#define WNA16_CPU_PREFETCH_BYTES 1024
+// Software prefetch of the weight stream, kPrefetchBytes ahead, into L2: at one token the loop
+// runs far ahead of DRAM, and L2 prefetches are tracked by the L2's larger miss queue rather than
+// the L1's fill buffers. May change speed, never results.
+#ifndef WNA16_CPU_PREFETCH_HINT
+#define WNA16_CPU_PREFETCH_HINT _MM_HINT_T1
 #endif
-constexpr int kPrefetchBytes = WNA16_CPU_PREFETCH_BYTES;  // may change speed, never results
+#ifndef WNA16_CPU_PREFETCH_BYTES
+#define WNA16_CPU_PREFETCH_BYTES 4096
+#endif
+constexpr int kPrefetchBytes = WNA16_CPU_PREFETCH_BYTES;
 
 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
@@ -51,6 +57,9 @@ void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
   for (int t = 0; t < MR; ++t)
     for (int c = 0; c < kBlockN; c += 16) _mm512_storeu_ps(out + t * kBlockN + c, _mm512_setzero_ps());
   const uint8_t* p = v.data;
+  // NOTE: the stream's first kPrefetchBytes are requested at once, not one miss after another.
+  for (int off = 0; off < kPrefetchBytes; off += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p) + off, WNA16_CPU_PREFETCH_HINT);
   for (int64_t gi = 0; gi < v.groups; ++gi) {
     const uint8_t* hdr = p;
     p += v.header_bytes;
@@ -75,10 +84,8 @@ void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
           for (int e = 0; e < TERMS; ++e) acc[t][j][e] = _mm512_setzero_si512();
       const int64_t k_end = v.xblock_kstart[xb] + v.xblock_len[xb];
       for (int64_t k = v.xblock_kstart[xb]; k < k_end; k += kStepK, p += v.step_bytes) {
-        // NOTE: software prefetch kPrefetchBytes ahead keeps more lines in flight than the L2
-        // streamer alone when a task hops between gate and up streams.
         for (int l = 0; l < (INT8 ? 8 : 4); ++l)
-          _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes + 64 * l, WNA16_CPU_PREFETCH_HINT);
         for (int j = 0; j < kTilesPerBlock; ++j) {
           const uint8_t* b = p + j * (INT8 ? 128 : 64);
           // Lane c of lo (hi): the u8 codes of channels k..k+3 (k+4..k+7) of column c.
@@ -143,17 +150,30 @@ void gemm_dispatch(const BlockView& v, const XRow* rows, int m, float* out) {
 }
 
 void router_impl(const float* x, const float* w, int64_t H, int64_t E, float* logits) {
-  for (int64_t e = 0; e < E; ++e) {
-    const float* wr = w + e * H;
-    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+  // Four experts at a time share each converted activation vector; float64 accumulation.
+  int64_t e = 0;
+  for (; e + 4 <= E; e += 4) {
+    const float* wr[4] = {w + e * H, w + (e + 1) * H, w + (e + 2) * H, w + (e + 3) * H};
+    __m512d a[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
     int64_t h = 0;
-    for (; h + 16 <= H; h += 16) {
-      a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + h)), _mm512_cvtps_pd(_mm256_loadu_ps(wr + h)), a0);
-      a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + h + 8)), _mm512_cvtps_pd(_mm256_loadu_ps(wr + h + 8)),
-                           a1);
+    for (; h + 8 <= H; h += 8) {
+      const __m512d xv = _mm512_cvtps_pd(_mm256_loadu_ps(x + h));
+      for (int r = 0; r < 4; ++r) {
+        if (h % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + h) + kPrefetchBytes, WNA16_CPU_PREFETCH_HINT);
+        a[r] = _mm512_fmadd_pd(xv, _mm512_cvtps_pd(_mm256_loadu_ps(wr[r] + h)), a[r]);
+      }
     }
-    double acc = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
-    for (; h < H; ++h) acc += double(x[h]) * double(wr[h]);
+    for (int r = 0; r < 4; ++r) {
+      alignas(64) double lanes[8];
+      _mm512_store_pd(lanes, a[r]);
+      double acc = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+      for (int64_t t = h; t < H; ++t) acc += double(x[t]) * double(wr[r][t]);
+      logits[e + r] = float(acc);
+    }
+  }
+  for (; e < E; ++e) {
+    double acc = 0;
+    for (int64_t h = 0; h < H; ++h) acc += double(x[h]) * double(w[e * H + h]);
     logits[e] = float(acc);
   }
 }

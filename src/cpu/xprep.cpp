@@ -65,22 +65,30 @@ void prep_row(const PackedLinear& L, const RowLayout& r, const float* x, uint8_t
   for (int t = 0; t < r.terms; ++t) q[t] = reinterpret_cast<int8_t*>(row + r.q[t]);
   float* bscale = reinterpret_cast<float*>(row + r.bscale);
   float* bsum = reinterpret_cast<float*>(row + r.bsum);
+  // Round to nearest even without a libm call: adding 1.5 * 2^23 leaves the integer part in the
+  // mantissa (exact for |v| < 2^22).
+  constexpr float kRound = 12582912.f;
+  float v[kXBlock];
   for (int64_t b = 0; b < L.num_xblocks(); ++b) {
-    const int64_t k0 = L.xblock_kstart[size_t(b)], k1 = k0 + L.xblock_len[size_t(b)];
+    const int64_t k0 = L.xblock_kstart[size_t(b)], n = L.xblock_len[size_t(b)];
     float mx = 0.f;
-    for (int64_t kp = k0; kp < k1; ++kp) mx = std::max(mx, std::fabs(value(kp)));
-    const float s = mx / 127.f;
+    for (int64_t i = 0; i < n; ++i) {
+      v[i] = value(k0 + i);
+      mx = std::max(mx, std::fabs(v[i]));
+    }
+    const float s = mx / 127.f, inv = mx > 0.f ? 127.f / mx : 0.f;
     bscale[b] = s;
     double sum = 0;
-    for (int64_t kp = k0; kp < k1; ++kp) {
-      // Each term is the rounded remainder of the previous one, in units 254x finer.
-      double rem = s > 0.f ? double(value(kp)) / double(s) : 0.0, unit = 1.0;
+    for (int64_t i = 0; i < n; ++i) {
+      // Each term is the rounded remainder of the previous one, in units 254x finer; the
+      // remainders are exact in float (|rem - m| <= 1/2 with m the nearest integer).
+      float rem = std::clamp(v[i] * inv, -127.f, 127.f), unit = 1.f;
       for (int t = 0; t < r.terms; ++t) {
-        const double m = std::clamp(std::nearbyint(rem), -127.0, 127.0);
-        q[t][kp] = int8_t(m);
-        sum += m * unit;
-        rem = (rem - m) * double(kTermRatio);
-        unit /= double(kTermRatio);
+        const float m = std::clamp((rem + kRound) - kRound, -127.f, 127.f);
+        q[t][k0 + i] = int8_t(m);
+        sum += double(m) * double(unit);
+        rem = (rem - m) * kTermRatio;
+        unit /= kTermRatio;
       }
     }
     bsum[b] = float(sum);

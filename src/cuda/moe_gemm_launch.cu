@@ -147,9 +147,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.splits = (kp.KC + kp.kc_per_split - 1) / kp.kc_per_split;  // no empty split
   kp.epilogue = r.epilogue == GemmEpilogue::SiluMul ? 0 : 1;
   // A/B switches for measurements (results are the same either way).
-  static const bool no_hint = std::getenv("WNA16_NO_EVICT_HINT") != nullptr;
   static const bool no_defer = std::getenv("WNA16_NO_DEFER") != nullptr;
-  kp.l2_hint = no_hint ? 0 : 1;
   kp.defer_ok = !no_defer && w.group_len % PackedGemm::kChunkK == 0 && !(w.bits == 8 && r.act == DType::BF16);
   kp.chunks_per_group = kp.defer_ok ? int(w.group_len / PackedGemm::kChunkK) : 1;
   auto log2_or_neg = [](int64_t v) {
@@ -159,7 +157,12 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   };
   kp.cpg_shift = log2_or_neg(kp.chunks_per_group);
   kp.group_shift = log2_or_neg(w.group_len);
-  const int64_t upper = r.mb_count >= 0 ? r.mb_count : r.max_blocks;
+  // A tight bound on the m-blocks the align step can produce: every active expert pads at most
+  // one partial block, so blocks <= ceil(slots / BLOCK_M) + min(E, slots) (usually far below
+  // max_blocks, which assumes every expert padded). Fewer blocks that only exit.
+  const int64_t bm = gemm_config_block_m(r.config);
+  const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
+  const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
   auto s = static_cast<cudaStream_t>(stream);
   if (w.bits == 4) gemm::launch_w4(&kp, r.config, r.act, upper, s);
   else gemm::launch_w8(&kp, r.config, r.act, upper, s);

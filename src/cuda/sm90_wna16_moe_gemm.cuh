@@ -24,13 +24,12 @@ namespace wna16::cuda::gemm {
 // Warps sit side by side along n and share the block's token tile (the B operand in shared
 // memory); each warp owns WN = 2 consecutive 16-row weight tiles, which in GEMM1 are one gate/up
 // pair, so the SiLU(gate)*up epilogue stays inside the lane.
-template <int WARPS_, int WN_, int WM_, int STAGES_, bool EVICT_FIRST_, bool DEFER_>
+template <int WARPS_, int WN_, int WM_, int STAGES_, bool DEFER_>
 struct TileConfig {
   static constexpr int WARPS = WARPS_;             // warps per block, side by side along n
   static constexpr int WN = WN_;                   // 16-row weight tiles per warp (gate/up pairs in GEMM1)
   static constexpr int WM = WM_;                   // 8-token MMA columns per warp (= BLOCK_M / 8)
   static constexpr int STAGES = STAGES_;           // cp.async pipeline depth (64 k per stage)
-  static constexpr bool EVICT_FIRST = EVICT_FIRST_;  // weights read once per call: don't keep in L2
   // Deferred scaling (few tokens, issue-bound): the MMA takes the raw magic-number codes, the
   // group's scale and zero point are applied to the fp32 partial sums once per group, the zero
   // point through the tokens' row sums (one extra MMA per k-step with an all-ones A operand).
@@ -47,12 +46,14 @@ struct TileConfig {
   static_assert(WM >= 1 && WM <= 8, "accumulators: WN*WM*4 floats per lane");
 };
 
-// Decode (a few tokens per expert): one warp streams 4 tiles, deep pipeline, evict-first, deferred.
-using CfgM8 = TileConfig<1, 4, 1, 5, true, true>;
+// Decode (a few tokens per expert): one warp streams 2 tiles (a gate/up pair), deep pipeline,
+// deferred. Two tiles, not four: at M=1 the warps per scheduler, not the
+// instructions per byte, bound the rate (ncu, DeepSeek-V3 M=1: 1.1 warps and 0.29 issues per cycle).
+using CfgM8 = TileConfig<1, 2, 1, 6, true>;
 // Medium (up to ~40 tokens per expert).
-using CfgM32 = TileConfig<4, 2, 4, 4, true, true>;
+using CfgM32 = TileConfig<4, 2, 4, 4, true>;
 // Prefill: 64-token tiles, each dequantised weight fragment feeds 8 MMAs; weights reused via L2.
-using CfgM64 = TileConfig<4, 2, 8, 4, false, false>;
+using CfgM64 = TileConfig<4, 2, 8, 4, false>;
 
 // ---- PTX helpers ----------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -66,10 +67,8 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, boo
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
-__device__ __forceinline__ void cp_async16_hint(void* dst, const void* src, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "l"(policy));
-}
+// NOTE: no L2::cache_hint (evict-first) variant: ptxas 13.0 sometimes encoded its 64-bit policy
+// operand in an odd uniform register (LDGSTS ... desc[UR1]), an illegal instruction at run time.
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
@@ -77,11 +76,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
 }
 template <int LUT>
 __device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
@@ -268,7 +262,6 @@ struct KParams {
   int mb_begin, mb_count;
   int splits, kc_per_split;
   int epilogue;  // 0: SiluMul, 1: WeightedSum
-  int l2_hint;   // configs with EVICT_FIRST: 1 = weights loaded with the evict-first policy
   int defer_ok;  // deferred scaling possible: group_len a multiple of 64, and not int8 with bf16
   int chunks_per_group;  // group_len / 64 when defer_ok
   int cpg_shift;         // log2(chunks_per_group) when a power of two, else -1
@@ -305,9 +298,6 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
   const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / BM);
   const int nb_count = p.NT / NTB;
   const int64_t total = int64_t(num_mb) * nb_count * p.splits;
-  uint64_t policy = 0;
-  const bool hint = CFG::EVICT_FIRST && p.l2_hint;
-  if (hint) policy = evict_first_policy();
   const T* x = static_cast<const T*>(p.x);
 
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
@@ -375,10 +365,7 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
 #pragma unroll
       for (int e = 0; e < NW; ++e) {
         const int i = tid + e * THREADS;
-        if ((NTB * U * 32) % THREADS == 0 || i < NTB * U * 32) {
-          if (hint) cp_async16_hint(sw + i, wsrc + i, policy);
-          else cp_async16(sw + i, wsrc + i);
-        }
+        if ((NTB * U * 32) % THREADS == 0 || i < NTB * U * 32) cp_async16(sw + i, wsrc + i);
       }
       // Activations: the valid rows of BM x 64 k (eight 16-byte units). Padding rows are not
       // loaded: they only feed MMA columns whose results are discarded.
@@ -665,7 +652,9 @@ void launch_config(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   const int bps = prepare_config<CFG, T, BITS>()[xcopies];
   const int64_t nb_count = kp.NT / CFG::NTB;
   const int64_t upper = upper_mblocks * nb_count * kp.splits;
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, int64_t(device_info().sms) * bps));
+  // Up to 4 waves of resident blocks: one item per block, so the hardware block scheduler balances
+  // uneven SMs; beyond that a persistent loop (>= 4 items per block, tail <= 1/4).
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, 4 * int64_t(device_info().sms) * bps));
   wna16_moe_gemm_kernel<CFG, T, BITS><<<dim3(unsigned(grid)), dim3(CFG::THREADS), S::bytes(xcopies), stream>>>(kp);
   WNA16_CUDA_CHECK_LAUNCH();
 }

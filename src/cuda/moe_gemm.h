@@ -27,8 +27,14 @@
 // Scales: scales[e][grp][nt][g] = f16 bits of s(row g) | s(row g+8) << 16 (the f16 value of the
 // checkpoint; a BF16 checkpoint scale is rounded to f16). zeros: the same shape with the integer
 // zero points z(row g) | z(row g+8) << 16, present only when some zero differs from 2^(bits-1).
-// Dequantisation is exact-then-one-rounding: (q - z) is an exact small integer in the activation
-// dtype, times s rounds once (the "q*s - z*s" fold would round z*s separately; see the .cuh).
+// Dequantisation, two modes (same packed data):
+//  - per weight (prefill config, group_len 32, int8 with bf16): (q - z) is an exact small integer
+//    in the activation dtype, times s rounds once (folding q*s - z*s per weight would round z*s
+//    separately);
+//  - deferred (decode configs, group_len a multiple of 64): the MMA takes the exact magic + q codes
+//    and the fp32 partial sums of a group become s * (sum (magic+q) x - (magic+z) * sum x), the
+//    tokens' row sums coming from one extra MMA with an all-ones A operand: the same q*s - z*s
+//    fold, applied once per group and row instead of once per weight.
 //
 // GEMM1 (gate/up, K = H, N = 2*I): tiles come in pairs, tile 2p = gate columns, tile 2p+1 = up
 // columns, for the same 16 intermediate columns 16p..16p+15, so the lane that holds gate[c] also

@@ -15,7 +15,7 @@
 //
 // Work split: tasks are 64-column blocks of one expert's linear, so at M = 1 the (experts x
 // blocks) tasks spread every active weight byte over all threads, each byte read once; at large M
-// each task also loops over the expert's tokens (4 at a time in the kernel), reusing the block's
+// each task also loops over the expert's tokens (2 at a time in the AVX-512 kernel), reusing the block's
 // weights from L2, and token ranges are split further only when there are too few blocks.
 #include "cpu/cpu_layer.h"
 

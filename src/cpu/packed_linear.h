@@ -43,7 +43,7 @@ namespace wna16::cpu {
 inline constexpr int kTileN = 16;                      // columns per tile = fp32 lanes of a zmm
 inline constexpr int kTilesPerBlock = 4;               // tiles per column block
 inline constexpr int kBlockN = kTileN * kTilesPerBlock;  // columns one task computes
-inline constexpr int kStepK = 8;                       // channels per step (four bf16 pairs)
+inline constexpr int kStepK = 8;                       // channels per step (two 4-byte VNNI lanes)
 inline constexpr int kXBlock = 64;                     // activation block (int8 kernels' scale unit)
 static_assert(kBlockN == 64, "the layout comment and the kernels assume 64-column blocks");
 static_assert(kXBlock % kStepK == 0, "activation blocks are whole steps");

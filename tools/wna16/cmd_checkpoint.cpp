@@ -5,7 +5,6 @@
 #include <map>
 #include <memory>
 #include <random>
-#include <regex>
 
 #include "commands.h"
 #include "wna16/backend.h"
@@ -41,9 +40,20 @@ std::string ranges(const std::vector<int64_t>& v) {
 
 // Module kind of a linear: its name without "model.layers.L." and with the expert index as '*'.
 std::string module_role(const std::string& module) {
-  static const std::regex layer(R"(^model\.layers\.\d+\.)");
-  static const std::regex expert(R"(\.experts\.\d+\.)");
-  return std::regex_replace(std::regex_replace(module, layer, ""), expert, ".experts.*.");
+  std::string s = module;
+  const std::string layers = "model.layers.";
+  if (s.rfind(layers, 0) == 0) {
+    const size_t dot = s.find('.', layers.size());
+    if (dot != std::string::npos) s = s.substr(dot + 1);
+  }
+  const std::string experts = ".experts.";
+  if (size_t at = s.find(experts); at != std::string::npos) {
+    const size_t begin = at + experts.size();
+    size_t end = begin;
+    while (end < s.size() && s[end] >= '0' && s[end] <= '9') ++end;
+    if (end > begin) s.replace(begin, end - begin, "*");
+  }
+  return s;
 }
 
 std::string routing_str(const ModelConfig& c) {

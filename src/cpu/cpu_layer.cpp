@@ -21,9 +21,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -42,9 +42,12 @@ const Kernels& kernels(Isa isa) {
   static const Kernels avx512{Isa::Avx512Vnni, gemm_block_avx512vnni, router_avx512, stream_sum_avx512};
   if (!isa_supported(isa)) throw Error(std::string("CPU ISA ") + isa_name(isa) + " is not supported by this CPU");
   switch (isa) {
-    case Isa::Scalar: return scalar;
-    case Isa::Avx2: return avx2;
-    case Isa::Avx512Vnni: return avx512;
+    case Isa::Scalar:
+      return scalar;
+    case Isa::Avx2:
+      return avx2;
+    case Isa::Avx512Vnni:
+      return avx512;
   }
   return scalar;
 }
@@ -54,6 +57,7 @@ namespace {
 constexpr int64_t kMaxChunkTokens = 4096;  // bounds the per-slot scratch (h and y rows)
 constexpr int kRowsPerCall = 64;           // token rows handed to one kernel call
 constexpr int64_t kRouterExperts = 16;     // experts per router task
+constexpr int64_t kTasksPerThread = 8;     // GEMM tasks per thread and phase (load balance vs stream length)
 
 inline float silu(float v) { return v / (1.f + std::exp(-v)); }
 
@@ -99,8 +103,8 @@ CpuMoeLayer::CpuMoeLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w, Isa
     const ExpertWeights& src = e < E ? w.experts[size_t(e)] : *w.shared;
     const std::string who = e < E ? "expert " + std::to_string(e) : std::string("shared expert");
     try {
-      experts_[size_t(e)] = PackedExpert{pack_linear(unpack(src.gate)), pack_linear(unpack(src.up)),
-                                         pack_linear(unpack(src.down))};
+      experts_[size_t(e)] =
+          PackedExpert{pack_linear(unpack(src.gate)), pack_linear(unpack(src.up)), pack_linear(unpack(src.down))};
     } catch (const Error& err) {
       throw Error(who + ": " + err.what());
     }
@@ -174,8 +178,8 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
 
   trace.mark("B");
   // ---- routing and align ---------------------------------------------------------------------
-  const Routing r = route_reference(spec_.routing, logits_.data(), M,
-                                    correction_bias_.empty() ? nullptr : correction_bias_.data());
+  const Routing r =
+      route_reference(spec_.routing, logits_.data(), M, correction_bias_.empty() ? nullptr : correction_bias_.data());
   // block_m = 1: slot ids grouped by expert, ascending within each; expert_ids[i] is slot i's.
   const AlignResult al = align_slots(r.ids.data(), routed_slots, int(E), 1);
   std::vector<int64_t> slot_order(static_cast<size_t>(S));
@@ -218,8 +222,11 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
 
   trace.mark("C");
   // Tasks (entry, token range, column block); token ranges split only when blocks are too few.
+  // Tasks: (entry, token range, run of consecutive column blocks). A run is one contiguous byte
+  // stream (column blocks are stored back to back), long enough that the prefetchers reach full
+  // speed; runs and token ranges are sized so each thread gets about kTasksPerThread tasks.
   struct Task {
-    int64_t entry, t0, t1, nb;
+    int64_t entry, t0, t1, nb0, nb1;
   };
   auto make_tasks = [&](bool down) {
     int64_t blocks = 0;
@@ -227,15 +234,18 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
       const PackedExpert& ex = experts_[size_t(en.expert)];
       blocks += down ? ex.down.NB : ex.gate.NB;
     }
-    const int64_t split = std::max<int64_t>(1, (4 * threads + blocks - 1) / std::max<int64_t>(blocks, 1));
+    const int64_t want = kTasksPerThread * threads;
+    const int64_t run = std::max<int64_t>(1, blocks / want);
+    const int64_t split = std::max<int64_t>(1, (want + blocks - 1) / std::max<int64_t>(blocks, 1));
     std::vector<Task> tasks;
     for (int64_t i = 0; i < int64_t(entries.size()); ++i) {
       const Entry& en = entries[size_t(i)];
       const PackedExpert& ex = experts_[size_t(en.expert)];
       const int64_t nbs = down ? ex.down.NB : ex.gate.NB;
       const int64_t tb = std::max<int64_t>(4, ((en.count + split - 1) / split + 3) / 4 * 4);
-      for (int64_t nb = 0; nb < nbs; ++nb)
-        for (int64_t t0 = 0; t0 < en.count; t0 += tb) tasks.push_back({i, t0, std::min(en.count, t0 + tb), nb});
+      for (int64_t nb = 0; nb < nbs; nb += run)
+        for (int64_t t0 = 0; t0 < en.count; t0 += tb)
+          tasks.push_back({i, t0, std::min(en.count, t0 + tb), nb, std::min(nbs, nb + run)});
     }
     return tasks;
   };
@@ -253,28 +263,30 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
       float* u = g + kRowsPerCall * kBlockN;
       const RowLayout lg = row_layout_for(ex.gate, kernels_->isa, act), lu = row_layout_for(ex.up, kernels_->isa, act);
       XRow rg[kRowsPerCall], ru[kRowsPerCall];
-      const int64_t I = ex.gate.N, n0 = t.nb * kBlockN, nn = std::min<int64_t>(kBlockN, I - n0);
-      for (int64_t c0 = t.t0; c0 < t.t1; c0 += kRowsPerCall) {
-        const int rows = int(std::min<int64_t>(kRowsPerCall, t.t1 - c0));
-        for (int i = 0; i < rows; ++i) {
-          const int64_t p = en.begin + c0 + i;
-          if (shared_x_order_) {
-            const uint8_t* row = &xprep_[size_t(token_of(slot_order[size_t(p)]) * xrow.stride)];
-            rg[i] = ru[i] = view_row(xrow, row);
-          } else {
-            rg[i] = view_row(lg, &xprep_[size_t((2 * p) * gu_stride)]);
-            ru[i] = view_row(lu, &xprep_[size_t((2 * p + 1) * gu_stride)]);
+      for (int64_t nb = t.nb0; nb < t.nb1; ++nb) {
+        const int64_t I = ex.gate.N, n0 = nb * kBlockN, nn = std::min<int64_t>(kBlockN, I - n0);
+        for (int64_t c0 = t.t0; c0 < t.t1; c0 += kRowsPerCall) {
+          const int rows = int(std::min<int64_t>(kRowsPerCall, t.t1 - c0));
+          for (int i = 0; i < rows; ++i) {
+            const int64_t p = en.begin + c0 + i;
+            if (shared_x_order_) {
+              const uint8_t* row = &xprep_[size_t(token_of(slot_order[size_t(p)]) * xrow.stride)];
+              rg[i] = ru[i] = view_row(xrow, row);
+            } else {
+              rg[i] = view_row(lg, &xprep_[size_t((2 * p) * gu_stride)]);
+              ru[i] = view_row(lu, &xprep_[size_t((2 * p + 1) * gu_stride)]);
+            }
           }
-        }
-        kernels_->gemm_block(ex.gate, t.nb, rg, rows, g);
-        kernels_->gemm_block(ex.up, t.nb, ru, rows, u);
-        for (int i = 0; i < rows; ++i) {
-          float* h = &hbuf_[size_t((en.begin + c0 + i) * max_inter_ + n0)];
-          for (int64_t c = 0; c < nn; ++c) {
-            float gv = g[i * kBlockN + c], uv = u[i * kBlockN + c];
-            if (!ex.gate.bias.empty()) gv += ex.gate.bias[size_t(n0 + c)];
-            if (!ex.up.bias.empty()) uv += ex.up.bias[size_t(n0 + c)];
-            h[c] = round_to(act, silu(gv) * uv);
+          kernels_->gemm_block(ex.gate, nb, rg, rows, g);
+          kernels_->gemm_block(ex.up, nb, ru, rows, u);
+          for (int i = 0; i < rows; ++i) {
+            float* h = &hbuf_[size_t((en.begin + c0 + i) * max_inter_ + n0)];
+            for (int64_t c = 0; c < nn; ++c) {
+              float gv = g[i * kBlockN + c], uv = u[i * kBlockN + c];
+              if (!ex.gate.bias.empty()) gv += ex.gate.bias[size_t(n0 + c)];
+              if (!ex.up.bias.empty()) uv += ex.up.bias[size_t(n0 + c)];
+              h[c] = round_to(act, silu(gv) * uv);
+            }
           }
         }
       }
@@ -306,15 +318,17 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
       float* y = &tmp_[size_t(worker) * 2 * kRowsPerCall * kBlockN];
       const RowLayout ld = row_layout_for(ex.down, kernels_->isa, act);
       XRow rd[kRowsPerCall];
-      const int64_t n0 = t.nb * kBlockN, nn = std::min<int64_t>(kBlockN, H - n0);
-      for (int64_t c0 = t.t0; c0 < t.t1; c0 += kRowsPerCall) {
-        const int rows = int(std::min<int64_t>(kRowsPerCall, t.t1 - c0));
-        for (int i = 0; i < rows; ++i) rd[i] = view_row(ld, &hprep_[size_t((en.begin + c0 + i) * h_stride)]);
-        kernels_->gemm_block(ex.down, t.nb, rd, rows, y);
-        for (int i = 0; i < rows; ++i) {
-          float* dst = &ybuf_[size_t(slot_order[size_t(en.begin + c0 + i)] * H + n0)];
-          for (int64_t c = 0; c < nn; ++c)
-            dst[c] = y[i * kBlockN + c] + (ex.down.bias.empty() ? 0.f : ex.down.bias[size_t(n0 + c)]);
+      for (int64_t nb = t.nb0; nb < t.nb1; ++nb) {
+        const int64_t n0 = nb * kBlockN, nn = std::min<int64_t>(kBlockN, H - n0);
+        for (int64_t c0 = t.t0; c0 < t.t1; c0 += kRowsPerCall) {
+          const int rows = int(std::min<int64_t>(kRowsPerCall, t.t1 - c0));
+          for (int i = 0; i < rows; ++i) rd[i] = view_row(ld, &hprep_[size_t((en.begin + c0 + i) * h_stride)]);
+          kernels_->gemm_block(ex.down, nb, rd, rows, y);
+          for (int i = 0; i < rows; ++i) {
+            float* dst = &ybuf_[size_t(slot_order[size_t(en.begin + c0 + i)] * H + n0)];
+            for (int64_t c = 0; c < nn; ++c)
+              dst[c] = y[i * kBlockN + c] + (ex.down.bias.empty() ? 0.f : ex.down.bias[size_t(n0 + c)]);
+          }
         }
       }
     });

@@ -14,9 +14,10 @@ namespace wna16::cpu {
 //    channels with scale s = max|x| / 127, the activation is split into int8 terms
 //        x ~= s * (q0 + q1 / 254 + q2 / 254^2),   |q_t| <= 127,
 //    each term the rounded remainder of the previous one. Two terms (bf16 activations, q2 null)
-//    leave an error <= max|x| / 64516 per element, 3 terms (f16) <= max|x| / 1.6e7: far below
-//    the activation dtype's own rounding for all but channels 100x smaller than their block's
-//    largest. bscale = s, bsum = sum over the block of (q0 + q1 / 254 + q2 / 254^2).
+//    leave an error <= max|x| / 64516 per element, 3 terms (f16) about max|x| * 2^-23 (the fp32
+//    rounding of x / s): far below the activation dtype's own rounding for all but channels 100x
+//    smaller than their block's largest. bscale = s, bsum = sum over the block of
+//    (q0 + q1 / 254 + q2 / 254^2).
 struct XRow {
   const float* f = nullptr;
   const float* xs = nullptr;
@@ -71,6 +72,12 @@ struct Kernels {
 
 // Throws Error when the ISA is not supported by this CPU.
 const Kernels& kernels(Isa isa);
+
+// One activation block (n <= kXBlock values, n a multiple of 8) to int8 terms (see XRow):
+// q[t][i] for t < terms, *scale = max|v| / 127, *sum = sum_i (q0 + q1 / 254 + q2 / 254^2).
+// The scalar and AVX-512 builds give identical results.
+void quantize_block_scalar(const float* v, int64_t n, int terms, int8_t* const* q, float* scale, float* sum);
+void quantize_block_avx512(const float* v, int64_t n, int terms, int8_t* const* q, float* scale, float* sum);
 
 // Per-ISA entry points (kernels_<isa>.cpp); only call what isa_supported() allows.
 void gemm_block_scalar(const PackedLinear& L, int64_t nb, const XRow* rows, int m, float* out);

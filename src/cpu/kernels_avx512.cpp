@@ -5,9 +5,11 @@
 // point are applied once. Up to kMaxRows tokens share each decoded weight vector.
 
 // NOTE: GCC 12 reports the self-initialised _mm512_undefined_*() inside its own intrinsic headers
-// as maybe-uninitialized once they are inlined; the warning is a known false positive.
+// (used by the reduce/convert intrinsics) as (maybe-)uninitialized once they are inlined; the
+// warning is a known false positive.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 
@@ -178,6 +180,35 @@ void router_impl(const float* x, const float* w, int64_t H, int64_t E, float* lo
   }
 }
 
+void quantize_block_impl(const float* v, int64_t n, int terms, int8_t* const* q, float* scale, float* sum) {
+  // Same arithmetic as quantize_block_scalar, 16 lanes at a time (n is a multiple of 8).
+  __m512 vmax = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16(0x00FF);
+    vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_maskz_loadu_ps(m, v + i)));
+  }
+  const float mx = _mm512_reduce_max_ps(vmax);
+  const float inv = mx > 0.f ? 127.f / mx : 0.f;
+  *scale = mx / 127.f;
+  const __m512 vinv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f),
+               ratio = _mm512_set1_ps(kTermRatio);
+  __m512 acc[3] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16(0x00FF);
+    __m512 rem = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, v + i), vinv), lo), hi);
+    for (int t = 0; t < terms; ++t) {
+      const __m512 r = _mm512_min_ps(
+          _mm512_max_ps(_mm512_roundscale_ps(rem, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo), hi);
+      _mm_mask_storeu_epi8(q[t] + i, m, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(r)));
+      acc[t] = _mm512_add_ps(acc[t], r);
+      rem = _mm512_mul_ps(_mm512_sub_ps(rem, r), ratio);
+    }
+  }
+  float s[3];
+  for (int t = 0; t < 3; ++t) s[t] = _mm512_reduce_add_ps(acc[t]);
+  *sum = float(double(s[0]) + double(s[1]) / kTermRatio + double(s[2]) / (double(kTermRatio) * kTermRatio));
+}
+
 uint64_t stream_sum_impl(const uint64_t* p, int64_t n) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
@@ -216,5 +247,9 @@ void router_avx512(const float* x, const float* w, int64_t H, int64_t E, float* 
 }
 
 uint64_t stream_sum_avx512(const uint64_t* p, int64_t n) { return stream_sum_impl(p, n); }
+
+void quantize_block_avx512(const float* v, int64_t n, int terms, int8_t* const* q, float* scale, float* sum) {
+  quantize_block_impl(v, n, terms, q, scale, sum);
+}
 
 }  // namespace wna16::cpu

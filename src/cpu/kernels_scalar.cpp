@@ -1,5 +1,7 @@
 // Portable scalar kernels over the packed layout: the fallback, and the readable statement of
 // what the SIMD builds compute.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "cpu/kernels.h"
@@ -63,6 +65,29 @@ void router_scalar(const float* x, const float* w, int64_t H, int64_t E, float* 
     for (int64_t h = 0; h < H; ++h) acc += double(x[h]) * double(w[e * H + h]);
     logits[e] = float(acc);
   }
+}
+
+void quantize_block_scalar(const float* v, int64_t n, int terms, int8_t* const* q, float* scale, float* sum) {
+  // Round to nearest even without a libm call: adding 1.5 * 2^23 leaves the integer part in the
+  // mantissa (exact for |v| < 2^22).
+  constexpr float kRound = 12582912.f;
+  float mx = 0.f;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, std::fabs(v[i]));
+  const float inv = mx > 0.f ? 127.f / mx : 0.f;
+  *scale = mx / 127.f;
+  float s[3] = {0.f, 0.f, 0.f};  // integer sums, exact in float (|sum| <= 64 * 127)
+  for (int64_t i = 0; i < n; ++i) {
+    // Each term is the rounded remainder of the previous one, in units 254x finer; the
+    // remainders are exact in float (|rem - m| <= 1/2 with m the nearest integer).
+    float rem = std::min(std::max(v[i] * inv, -127.f), 127.f);
+    for (int t = 0; t < terms; ++t) {
+      const float m = std::min(std::max((rem + kRound) - kRound, -127.f), 127.f);
+      q[t][i] = int8_t(m);
+      s[t] += m;
+      rem = (rem - m) * kTermRatio;
+    }
+  }
+  *sum = float(double(s[0]) + double(s[1]) / kTermRatio + double(s[2]) / (double(kTermRatio) * kTermRatio));
 }
 
 uint64_t stream_sum_scalar(const uint64_t* p, int64_t n) {

@@ -65,33 +65,17 @@ void prep_row(const PackedLinear& L, const RowLayout& r, const float* x, uint8_t
   for (int t = 0; t < r.terms; ++t) q[t] = reinterpret_cast<int8_t*>(row + r.q[t]);
   float* bscale = reinterpret_cast<float*>(row + r.bscale);
   float* bsum = reinterpret_cast<float*>(row + r.bsum);
-  // Round to nearest even without a libm call: adding 1.5 * 2^23 leaves the integer part in the
-  // mantissa (exact for |v| < 2^22).
-  constexpr float kRound = 12582912.f;
-  float v[kXBlock];
+  // int8 rows only exist for the AVX-512 VNNI kernels, so the AVX-512 quantizer can be used.
+  alignas(64) float v[kXBlock];
   for (int64_t b = 0; b < L.num_xblocks(); ++b) {
     const int64_t k0 = L.xblock_kstart[size_t(b)], n = L.xblock_len[size_t(b)];
-    float mx = 0.f;
-    for (int64_t i = 0; i < n; ++i) {
-      v[i] = value(k0 + i);
-      mx = std::max(mx, std::fabs(v[i]));
+    const float* src = x + k0;
+    if (!L.identity_k) {
+      for (int64_t i = 0; i < n; ++i) v[i] = value(k0 + i);
+      src = v;
     }
-    const float s = mx / 127.f, inv = mx > 0.f ? 127.f / mx : 0.f;
-    bscale[b] = s;
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      // Each term is the rounded remainder of the previous one, in units 254x finer; the
-      // remainders are exact in float (|rem - m| <= 1/2 with m the nearest integer).
-      float rem = std::clamp(v[i] * inv, -127.f, 127.f), unit = 1.f;
-      for (int t = 0; t < r.terms; ++t) {
-        const float m = std::clamp((rem + kRound) - kRound, -127.f, 127.f);
-        q[t][k0 + i] = int8_t(m);
-        sum += double(m) * double(unit);
-        rem = (rem - m) * kTermRatio;
-        unit /= kTermRatio;
-      }
-    }
-    bsum[b] = float(sum);
+    int8_t* qb[3] = {q[0] + k0, q[1] + k0, q[2] ? q[2] + k0 : nullptr};
+    quantize_block_avx512(src, n, r.terms, qb, &bscale[b], &bsum[b]);
   }
 }
 

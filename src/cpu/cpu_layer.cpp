@@ -337,13 +337,21 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
   trace.mark("F");
   // ---- G: weighted top-k sum (+ shared expert), rounded to the output dtype -----------------
   pool.run((M + tok_chunk - 1) / tok_chunk, [&](int64_t c, int) {
-    for (int64_t m = c * tok_chunk; m < std::min(M, (c + 1) * tok_chunk); ++m)
-      for (int64_t h = 0; h < H; ++h) {
-        float acc = 0.f;
-        for (int j = 0; j < k; ++j) acc += r.weights[size_t(m * k + j)] * ybuf_[size_t((m * k + j) * H + h)];
-        if (has_shared) acc += shared_g_[size_t(m)] * ybuf_[size_t((routed_slots + m) * H + h)];
-        store_act(out, dtype, m * H + h, acc);
+    std::vector<float> acc(static_cast<size_t>(H));
+    for (int64_t m = c * tok_chunk; m < std::min(M, (c + 1) * tok_chunk); ++m) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int j = 0; j < k; ++j) {
+        const float wj = r.weights[size_t(m * k + j)];
+        const float* y = &ybuf_[size_t((m * k + j) * H)];
+        for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += wj * y[h];
       }
+      if (has_shared) {
+        const float gs = shared_g_[size_t(m)];
+        const float* y = &ybuf_[size_t((routed_slots + m) * H)];
+        for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += gs * y[h];
+      }
+      for (int64_t h = 0; h < H; ++h) store_act(out, dtype, m * H + h, acc[size_t(h)]);
+    }
   });
   trace.mark("G");
 }

@@ -69,6 +69,18 @@ bool repetition_too_large(const std::string& re) {
   return false;
 }
 
+// A backslash before a digit is a backreference (or, in ECMAScript, \0); module-name rules never
+// need one, and libstdc++ parses its number without an overflow check (UBSan found
+// "\66666666666666666666" overflowing a long inside std::regex's compiler). Refused instead.
+bool has_backreference(const std::string& re) {
+  for (size_t i = 0; i + 1 < re.size(); ++i) {
+    if (re[i] != '\\') continue;
+    if (std::isdigit(static_cast<unsigned char>(re[i + 1]))) return true;
+    ++i;  // skip the escaped character
+  }
+  return false;
+}
+
 }  // namespace
 
 QuantConfig parse_quant_config(const std::string& text, const std::string& origin, const std::string& kind) {
@@ -142,6 +154,8 @@ QuantConfig parse_quant_config(const std::string& text, const std::string& origi
         }
         const std::string where = o.where("dynamic") + "[" + io::quoted(r.pattern) + "]";
         if (re.size() > kMaxPattern) throw Error(where + ": pattern longer than " + std::to_string(kMaxPattern) + " characters");
+        if (has_backreference(re))
+          throw Error(where + ": backreferences (a backslash before a digit) are not supported in dynamic patterns");
         if (repetition_too_large(re))
           throw Error(where + ": counted repetitions ({n}) expand to more than 10000 states");
         try {

@@ -228,6 +228,9 @@ TEST(QuantConfig, Refusals) {
   has(quant_error(R"({"quant_method":"gptq","bits":4,"group_size":128,"dynamic":{"+:(":{}}})"), "not a regular expression");
   has(quant_error(R"({"quant_method":"gptq","bits":4,"group_size":128,"dynamic":{"a{1000}{1000}":{}}})"), "counted repetitions");
   has(quant_error(R"({"quant_method":"gptq","bits":4,"group_size":128,"dynamic":{".*":{"bits":2}}})"), "bits = 2");
+  // Found by the config fuzzer: libstdc++'s regex compiler overflows on a huge backreference number.
+  has(quant_error(R"({"quant_method":"gptq","bits":4,"group_size":128,"dynamic":{"-:a\\66666666666666666666":{}}})"),
+      "backreferences");
 }
 
 }  // namespace

@@ -2,6 +2,10 @@
 
 #include <cstdlib>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
 #include "wna16/error.h"
 
 namespace wna16::cpu {
@@ -21,18 +25,45 @@ Isa parse_isa(const std::string& s) {
   throw Error("unknown CPU ISA '" + s + "' (expected scalar, avx2 or avx512vnni)");
 }
 
+namespace {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// CPUID feature bits plus the OS check (XGETBV: the OS saves the wider registers). Done by hand:
+// __builtin_cpu_supports does not know "f16c" in every compiler we build with.
+struct X86Features {
+  bool avx2 = false, fma = false, f16c = false, avx512f = false, avx512bw = false, avx512vl = false,
+       avx512vnni = false;
+};
+
+X86Features detect() {
+  X86Features f;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+  const bool osxsave = c & (1u << 27), fma = c & (1u << 12), f16c = c & (1u << 29);
+  if (!osxsave) return f;
+  unsigned xlo = 0, xhi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  const bool os_avx = (xlo & 0x6u) == 0x6u;        // XMM and YMM state
+  const bool os_avx512 = (xlo & 0xE6u) == 0xE6u;   // + opmask, ZMM0-15 high, ZMM16-31
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
+  f.avx2 = os_avx && (b & (1u << 5));
+  f.fma = os_avx && fma;
+  f.f16c = os_avx && f16c;
+  f.avx512f = os_avx512 && (b & (1u << 16));
+  f.avx512bw = os_avx512 && (b & (1u << 30));
+  f.avx512vl = os_avx512 && (b & (1u << 31));
+  f.avx512vnni = os_avx512 && (c & (1u << 11));
+  return f;
+}
+#endif
+}  // namespace
+
 bool isa_supported(Isa isa) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  // NOTE: __builtin_cpu_supports also checks that the OS saves the wider registers (XGETBV).
-  __builtin_cpu_init();
+  static const X86Features f = detect();
   switch (isa) {
     case Isa::Scalar: return true;
-    case Isa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    case Isa::Avx512Vnni:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-             isa_supported(Isa::Avx2);
+    case Isa::Avx2: return f.avx2 && f.fma && f.f16c;
+    case Isa::Avx512Vnni: return f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && f.avx2 && f.fma && f.f16c;
   }
   return false;
 #else

@@ -1,0 +1,74 @@
+// `wna16 bench --device cpu` end to end on the small preset: table, JSON/CSV files, the
+// correctness gate's PASSED line and exit codes.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+struct CliRun {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+CliRun run_cli(const std::string& args) {
+  CliRun r;
+  const std::string cmd = std::string(WNA16_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST(CpuBenchCli, SmallPresetWritesTableJsonCsvAndPasses) {
+  const std::string dir = ::testing::TempDir();
+  const std::string json = dir + "/wna16_cpu_bench_" + std::to_string(getpid()) + ".json";
+  const std::string csv = dir + "/wna16_cpu_bench_" + std::to_string(getpid()) + ".csv";
+  const CliRun r = run_cli("bench --device cpu --model small --m 1,3 --dtype f16 --min-seconds 0.01 --json " + json +
+                           " --csv " + csv);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "read bandwidth")) << r.out;
+  EXPECT_TRUE(has(r.out, "check vs float64 reference (M=3)")) << r.out;
+  EXPECT_TRUE(has(r.out, "PASSED")) << r.out;
+  const std::string j = slurp(json), c = slurp(csv);
+  EXPECT_TRUE(has(j, "\"model\": \"small\"")) << j;
+  EXPECT_TRUE(has(j, "\"M\": 3")) << j;
+  EXPECT_TRUE(has(j, "\"read_bandwidth_gbs\"")) << j;
+  EXPECT_TRUE(has(j, "\"dtype\": \"f16\"")) << j;
+  EXPECT_TRUE(has(c, "model,M,us")) << c;
+  std::remove(json.c_str());
+  std::remove(csv.c_str());
+}
+
+TEST(CpuBenchCli, UnknownModelFailsNamingIt) {
+  const CliRun r = run_cli("bench --device cpu --model no-such-model --m 1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "no-such-model")) << r.out;
+}
+
+TEST(CpuBenchCli, BadMFailsNamingIt) {
+  const CliRun r = run_cli("bench --device cpu --model small --m 0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "M=0")) << r.out;
+}
+
+}  // namespace

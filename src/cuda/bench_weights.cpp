@@ -8,24 +8,16 @@
 #include <thread>
 #include <vector>
 
+#include "common/splitmix64.h"
 #include "wna16/error.h"
 #include "wna16/half.h"
 
 namespace wna16::cuda::bench {
 namespace {
 
-// splitmix64: tiny, fast, statistically fine for filling weights; one stream per linear so the
-// result does not depend on the thread count.
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return double(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+// One stream per linear so the result does not depend on the thread count.
+struct Rng : SplitMix64 {
+  using SplitMix64::SplitMix64;
   double normal() {  // Box-Muller; one value per call is plenty here
     double u1 = uniform(), u2 = uniform();
     if (u1 < 1e-300) u1 = 1e-300;

@@ -131,6 +131,35 @@ struct CudaMoeLayer::Impl {
                        cudaStream_t st) const;
   void check_call(const void* x, const void* out, int64_t M, DType act, const void* workspace, size_t workspace_size,
                   Workspace* L, int* config) const;
+
+  // The GEMM launch fields both stages share: the align outputs in the workspace drive the grid.
+  GemmRun align_driven_run(DType act, int config, int64_t M, char* ws, const Workspace& L) const {
+    GemmRun r;
+    r.act = act;
+    r.config = config;
+    r.topk = k2;
+    r.num_slots = M * k2;
+    r.sorted_ids = reinterpret_cast<const int32_t*>(ws + L.sorted);
+    r.expert_ids = reinterpret_cast<const int32_t*>(ws + L.eids);
+    r.num_tokens_post_padded = reinterpret_cast<const int32_t*>(ws + L.ntpp);
+    r.max_blocks = L.max_blocks;
+    return r;
+  }
+  // GEMM1: x (gathered by slot) times gate|up, SiLU(gate)*up into the intermediate buffer.
+  void set_gemm1(GemmRun& r, const void* x, char* ws, const Workspace& L) const {
+    r.epilogue = GemmEpilogue::SiluMul;
+    r.x = x;
+    r.x_stride = H;
+    r.out = ws + L.inter;
+  }
+  // GEMM2: intermediate times down, scaled by the slot's routing weight, summed into acc (fp32).
+  void set_gemm2(GemmRun& r, float* acc, const float* w2, char* ws, const Workspace& L) const {
+    r.epilogue = GemmEpilogue::WeightedSum;
+    r.x = ws + L.inter;
+    r.x_stride = I;
+    r.out = acc;
+    r.topk_weights = w2;
+  }
 };
 
 void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) {
@@ -461,28 +490,13 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   d.route_and_align(x, M, act, ws, L, bm, st);
   const float* w2 = reinterpret_cast<const float*>(ws + (d.S > 0 ? L.w2 : L.w));
 
-  GemmRun r;
-  r.act = act;
-  r.config = config;
-  r.topk = d.k2;
-  r.num_slots = M * d.k2;
-  r.sorted_ids = reinterpret_cast<const int32_t*>(ws + L.sorted);
-  r.expert_ids = reinterpret_cast<const int32_t*>(ws + L.eids);
-  r.num_tokens_post_padded = reinterpret_cast<const int32_t*>(ws + L.ntpp);
-  r.max_blocks = L.max_blocks;
+  GemmRun r = d.align_driven_run(act, config, M, ws, L);
 
-  r.epilogue = GemmEpilogue::SiluMul;
-  r.x = x;
-  r.x_stride = d.H;
-  r.out = ws + L.inter;
+  d.set_gemm1(r, x, ws, L);
   launch_moe_gemm(d.g1, r, st);
   stage_done("GEMM1 (gate/up)", st);
 
-  r.epilogue = GemmEpilogue::WeightedSum;
-  r.x = ws + L.inter;
-  r.x_stride = d.I;
-  r.out = acc;
-  r.topk_weights = w2;
+  d.set_gemm2(r, acc, w2, ws, L);
   r.splits = choose_splits(d.g2, config, act, M, d.k2);
   launch_moe_gemm(d.g2, r, st);
   stage_done("GEMM2 (down)", st);
@@ -510,15 +524,7 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
   WNA16_CUDA_CHECK(cudaMemcpyAsync(eids.data(), ws + L.eids, eids.size() * 4, cudaMemcpyDeviceToHost, st));
   WNA16_CUDA_CHECK(cudaStreamSynchronize(st));
   const float* w2 = reinterpret_cast<const float*>(ws + (d.S > 0 ? L.w2 : L.w));
-  GemmRun r;
-  r.act = act;
-  r.config = config;
-  r.topk = d.k2;
-  r.num_slots = M * d.k2;
-  r.sorted_ids = reinterpret_cast<const int32_t*>(ws + L.sorted);
-  r.expert_ids = reinterpret_cast<const int32_t*>(ws + L.eids);
-  r.num_tokens_post_padded = reinterpret_cast<const int32_t*>(ws + L.ntpp);
-  r.max_blocks = L.max_blocks;
+  GemmRun r = d.align_driven_run(act, config, M, ws, L);
   std::vector<std::pair<int64_t, int64_t>> runs;  // (first block, block count) per expert
   const int64_t nblocks = ntpp / bm;
   for (int64_t b = 0; b < nblocks;) {
@@ -528,21 +534,14 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
     b = e;
   }
   for (const auto& [b0, nb] : runs) {
-    r.epilogue = GemmEpilogue::SiluMul;
-    r.x = x;
-    r.x_stride = d.H;
-    r.out = ws + L.inter;
+    d.set_gemm1(r, x, ws, L);
     r.mb_begin = b0;
     r.mb_count = nb;
     r.splits = 1;
     launch_moe_gemm(d.g1, r, st);
   }
   for (const auto& [b0, nb] : runs) {
-    r.epilogue = GemmEpilogue::WeightedSum;
-    r.x = ws + L.inter;
-    r.x_stride = d.I;
-    r.out = acc;
-    r.topk_weights = w2;
+    d.set_gemm2(r, acc, w2, ws, L);
     r.mb_begin = b0;
     r.mb_count = nb;
     r.splits = choose_splits(d.g2, config, act, M, d.k2);

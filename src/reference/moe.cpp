@@ -1,6 +1,8 @@
 // The MoE layer description: names, validation, the model presets and the seeded random layer.
 #include "wna16/moe.h"
 
+#include "common/splitmix64.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -197,18 +199,7 @@ MoeLayerSpec preset(const std::string& name) {
 // ---- random layer ---------------------------------------------------------------------------
 
 namespace {
-// splitmix64: a tiny, fast, well-mixed generator; every tensor gets its own stream derived from
-// (seed, tensor id) so the layer is the same whatever the number of worker threads.
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-};
+using Rng = SplitMix64;
 
 uint64_t stream_seed(uint64_t seed, uint64_t tensor) {
   Rng r(seed * 0x2545f4914f6cdd1dull + tensor * 0x9e3779b97f4a7c15ull + 0x1234567ull);

@@ -6,26 +6,19 @@
 #include <string>
 #include <sys/wait.h>
 
+#include "cli_runner.h"
 #include "wna16/backend.h"
 
 namespace {
 
 struct CliRun {
   int code = -1;
-  std::string out;  // stdout and stderr together
+  std::string out;  // stdout, then stderr
 };
 
 CliRun run_cli(const std::string& args) {
-  CliRun r;
-  const std::string cmd = std::string(WNA16_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  const wna16::test::CliResult r = wna16::test::run_cli(args);
+  return {r.exit_code, r.out + r.err};
 }
 
 std::string last_line(const std::string& s) {

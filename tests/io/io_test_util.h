@@ -16,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_runner.h"
 #include "wna16/checkpoint.h"
 #include "wna16/safetensors.h"
 
@@ -74,41 +75,6 @@ inline std::vector<std::string> list_dir(const std::string& dir) {
   return v;
 }
 
-struct CliResult {
-  int exit_code = -1;     // -1: killed by a signal (a crash)
-  int signal = 0;
-  std::string out, err;
-};
-
-inline std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-// Runs the wna16 CLI with `args` (already shell-quoted where needed), capturing stdout and stderr.
-inline CliResult run_cli(const std::string& args) {
-  static int counter = 0;
-  const std::string base = (fs::temp_directory_path() / ("wna16-io-cli-" + std::to_string(getpid()) + "-" +
-                                                          std::to_string(counter++))).string();
-  const std::string cmd = shell_quote(WNA16_CLI_PATH) + " " + args + " >" + base + ".out 2>" + base + ".err";
-  int st = std::system(cmd.c_str());
-  CliResult r;
-  if (st != -1 && WIFEXITED(st)) {
-    r.exit_code = WEXITSTATUS(st);
-  } else if (st != -1 && WIFSIGNALED(st)) {
-    r.signal = WTERMSIG(st);
-  }
-  r.out = read_file(base + ".out");
-  r.err = read_file(base + ".err");
-  std::remove((base + ".out").c_str());
-  std::remove((base + ".err").c_str());
-  // A sanitizer report or std::terminate also means a crash even when the exit code is set.
-  if (r.err.find("AddressSanitizer") != std::string::npos || r.err.find("runtime error:") != std::string::npos ||
-      r.err.find("terminate called") != std::string::npos)
-    r.exit_code = -1;
-  return r;
-}
 
 // Every tensor of a safetensors file, as writable copies (to mutate and write back).
 inline std::vector<TensorToWrite> load_all(const std::string& path) {

@@ -56,4 +56,14 @@ inline CliResult run_cli(const std::string& args) {
   return r;
 }
 
+// For tests that only look for text: the exit code (-1 for a crash) and stdout followed by stderr.
+struct CliRun {
+  int code = -1;
+  std::string out;
+};
+inline CliRun run_cli_combined(const std::string& args) {
+  const CliResult r = run_cli(args);
+  return {r.exit_code, r.out + r.err};
+}
+
 }  // namespace wna16::test

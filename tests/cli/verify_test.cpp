@@ -1,25 +1,16 @@
 // `wna16 verify` end to end: the table, the final PASSED/FAILED line and the exit codes.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdio>
 #include <string>
-#include <sys/wait.h>
 
 #include "cli_runner.h"
 #include "wna16/backend.h"
 
 namespace {
 
-struct CliRun {
-  int code = -1;
-  std::string out;  // stdout, then stderr
-};
-
-CliRun run_cli(const std::string& args) {
-  const wna16::test::CliResult r = wna16::test::run_cli(args);
-  return {r.exit_code, r.out + r.err};
-}
+using wna16::test::CliRun;
+CliRun run_cli(const std::string& args) { return wna16::test::run_cli_combined(args); }
 
 std::string last_line(const std::string& s) {
   std::string t = s;

@@ -2,42 +2,22 @@
 // correctness gate's PASSED line and exit codes.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
 #include <unistd.h>
+
+#include "cli_runner.h"
 
 namespace {
 
-struct CliRun {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-CliRun run_cli(const std::string& args) {
-  CliRun r;
-  const std::string cmd = std::string(WNA16_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using wna16::test::CliRun;
+CliRun run_cli(const std::string& args) { return wna16::test::run_cli_combined(args); }
 
 bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string slurp(const std::string& path) { return wna16::test::slurp_file(path); }
 
 TEST(CpuBenchCli, SmallPresetWritesTableJsonCsvAndPasses) {
   const std::string dir = ::testing::TempDir();

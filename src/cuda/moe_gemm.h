@@ -120,6 +120,7 @@ struct GemmRun {
   int64_t mb_begin = 0;           // first m-block
   int64_t mb_count = -1;          // < 0: all m-blocks, count read on the device from num_tokens_post_padded
   int splits = 1;                 // split-K (WeightedSum only)
+  int decode_kw = 0;              // decode kernel (config m8): warps per tile pair along K, 1/2/4; 0: chosen
 };
 
 int gemm_config_count();

@@ -81,10 +81,19 @@ int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t
   const double p = std::min(1.0, double(topk) / double(std::max<int64_t>(1, w.E)));
   const int64_t active = int64_t(std::ceil(double(w.E) * (1.0 - std::pow(1.0 - p, double(M)))));
   const int64_t est_mblocks = std::max<int64_t>(1, std::min<int64_t>(active + slots / bm, (slots + bm - 1) / bm + w.E));
-  const int64_t nb = w.NT / (kConfigs[config].block_n / 16);
-  const int64_t items = est_mblocks * nb;
   const int64_t resident = resident_blocks(w.bits, config, act);
   const int64_t kc = w.K / PackedGemm::kChunkK;
+  if (config == 0 && !w.perm) {
+    // Decode kernel: with 4 warps per tile pair a block is one pair. Split K across blocks too
+    // when the pairs give fewer than two blocks per resident slot (at most 4 rounds of the
+    // 4-way in-block split: >= 16 chunks per split).
+    const int64_t blocks = est_mblocks * (w.NT / 2);
+    if (blocks >= 2 * resident) return 1;
+    const int64_t splits = (2 * resident + blocks - 1) / blocks;
+    return int(std::clamp<int64_t>(std::min<int64_t>(splits, kc / 16), 1, 32));
+  }
+  const int64_t nb = w.NT / (kConfigs[config].block_n / 16);
+  const int64_t items = est_mblocks * nb;
   int64_t splits = std::max<int64_t>(1, resident / std::max<int64_t>(1, items));
   splits = std::min<int64_t>(splits, std::max<int64_t>(1, kc / 4));  // keep >= 4 chunks per split
   return int(std::clamp<int64_t>(splits, 1, 32));
@@ -163,6 +172,20 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   const int64_t bm = gemm_config_block_m(r.config);
   const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
   const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
+  if (r.config == 0 && !w.perm) {
+    // Decode kernel: the fewest warps per tile pair (k-slices summed in shared memory) that give
+    // two blocks per resident slot, so the last round of a persistent grid stays short.
+    const int64_t resident = resident_blocks(w.bits, r.config, r.act);
+    const int64_t pair_items = upper * (w.NT / 2) * kp.splits;
+    kp.decode_kw = 1;
+    if (r.decode_kw != 0) {
+      if (r.decode_kw != 1 && r.decode_kw != 2 && r.decode_kw != 4)
+        throw Error("decode_kw=" + std::to_string(r.decode_kw) + " is not 1, 2 or 4");
+      kp.decode_kw = r.decode_kw;
+    }
+    while (r.decode_kw == 0 && kp.decode_kw < 4 && pair_items * kp.decode_kw / 4 < 2 * resident && kp.kc_per_split >= 8 * kp.decode_kw)
+      kp.decode_kw *= 2;
+  }
   auto s = static_cast<cudaStream_t>(stream);
   if (w.bits == 4) gemm::launch_w4(&kp, r.config, r.act, upper, s);
   else gemm::launch_w8(&kp, r.config, r.act, upper, s);

@@ -266,6 +266,7 @@ struct KParams {
   int chunks_per_group;  // group_len / 64 when defer_ok
   int cpg_shift;         // log2(chunks_per_group) when a power of two, else -1
   int group_shift;       // log2(group_len) when a power of two, else -1 (shifts, not divisions)
+  int decode_kw;         // decode kernel only: warps sharing a tile pair along K (1, 2, 4)
 };
 
 template <class CFG, int BITS>
@@ -659,6 +660,12 @@ void launch_config(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   WNA16_CUDA_CHECK_LAUNCH();
 }
 
+// The decode kernel (sm90_wna16_moe_decode.cuh, included by the instantiating files).
+template <class T, int BITS>
+int prepare_decode();
+template <class T, int BITS>
+void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream);
+
 // kp == nullptr: only prepare the instantiation. Returns the blocks resident per SM (one copy).
 template <int BITS>
 int launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s) {
@@ -672,7 +679,18 @@ int launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks,
     return prepare_config<C, __half, BITS>()[1];
   };
   switch (config) {
-    case 0: return by_act(CfgM8{});
+    case 0:
+      // The m8 config runs on the decode kernel unless it needs the act-order gather; prepare
+      // both, report the decode kernel's occupancy (the one the split choice is for).
+      if (kp && kp->perm) return by_act(CfgM8{});
+      if (act == DType::BF16) {
+        if (kp) launch_decode<__nv_bfloat16, BITS>(*kp, upper_mblocks, s);
+        else by_act(CfgM8{});
+        return prepare_decode<__nv_bfloat16, BITS>();
+      }
+      if (kp) launch_decode<__half, BITS>(*kp, upper_mblocks, s);
+      else by_act(CfgM8{});
+      return prepare_decode<__half, BITS>();
     case 1: return by_act(CfgM32{});
     default: return by_act(CfgM64{});
   }

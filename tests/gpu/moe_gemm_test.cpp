@@ -82,11 +82,14 @@ struct GemmCase {
   bool zeros;
   int config;
   int64_t M;
+  int decode_kw = 0;  // decode kernel's warps per tile pair along K; 0: the launcher's choice
+  int splits = 0;     // GEMM2 split-K; 0: choose_splits
 };
 
 std::string describe(const GemmCase& c) {
   return "int" + std::to_string(c.bits) + " " + dtype_name(c.act) + " group " + std::to_string(c.gl) +
-         (c.zeros ? " asym" : " sym") + " config " + gemm_config_name(c.config) + " M=" + std::to_string(c.M);
+         (c.zeros ? " asym" : " sym") + " config " + gemm_config_name(c.config) + " M=" + std::to_string(c.M) +
+         " kw=" + std::to_string(c.decode_kw) + " splits=" + std::to_string(c.splits);
 }
 
 // Routes M tokens to `topk` distinct experts among the first E-2 (the last two get nothing).
@@ -163,6 +166,7 @@ void run_gemm_case(const GemmCase& c) {
   r.expert_ids = static_cast<const int32_t*>(d_eids.p);
   r.num_tokens_post_padded = static_cast<const int32_t*>(d_ntpp.p);
   r.max_blocks = int64_t(al.expert_ids.size());
+  r.decode_kw = c.decode_kw;
   r.epilogue = GemmEpilogue::SiluMul;
   r.x = d_x.p;
   r.x_stride = H;
@@ -206,7 +210,7 @@ void run_gemm_case(const GemmCase& c) {
   r.out = d_out.p;
   r.topk_weights = static_cast<const float*>(d_tw.p);
   const DeviceGemm dg2 = dev(g2, d_q2, d_s2, d_z2);
-  r.splits = choose_splits(dg2, c.config, c.act, M, topk);
+  r.splits = c.splits > 0 ? c.splits : choose_splits(dg2, c.config, c.act, M, topk);
   launch_moe_gemm(dg2, r, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<float> out = d_out.get<float>(size_t(M * H));
@@ -244,6 +248,23 @@ TEST(MoeGemm, AllGroupLengthsInt4Bf16) {
   WNA16_REQUIRE_GPU();
   for (int64_t gl : {32, 64, 128, 0})
     for (bool z : {false, true}) run_gemm_case({4, DType::BF16, gl, z, 0, 5});
+}
+
+// The decode kernel (config m8 without act-order) with every in-block K split and a forced
+// split-K across blocks: slices that end mid-group, empty slices (K = 192: 3 chunks for 4 warps),
+// the per-weight path (group 32, and int8 with bf16), and M = 9 (two m-blocks on one expert).
+TEST(MoeGemm, DecodeKernelEveryKSplit) {
+  WNA16_REQUIRE_GPU();
+  int i = 0;
+  for (int bits : {4, 8})
+    for (DType act : {DType::BF16, DType::F16})
+      for (int kw : {1, 2, 4})
+        for (int splits : {0, 3}) {
+          const int64_t gls[] = {128, 64, 32, 0};
+          const int64_t Ms[] = {1, 3, 9};
+          run_gemm_case({bits, act, gls[i % 4], (i % 3) == 1, 0, Ms[i % 3], kw, splits});
+          ++i;
+        }
 }
 
 TEST(MoeGemm, RefusesBadShapes) {

@@ -1,0 +1,290 @@
+// The decode kernel of the fused MoE GEMM: the "m8" tile config (at most 8 tokens per m-block)
+// without act-order. Same packed layout, operand roles (swapped mma.sync m16n8k16), dequantisation
+// modes and epilogues as wna16_moe_gemm_kernel (sm90_wna16_moe_gemm.cuh); what differs is how the
+// weights travel, because at decode the kernel is a weight stream and nothing else:
+//  - weights go straight from global memory to registers (16-byte non-caching loads), PF k-chunks
+//    ahead of their use; no shared-memory staging, no barrier per chunk;
+//  - the tokens' activations are read from global memory too (L1 hits after the first warp of the
+//    block), loaded in the same ring;
+//  - a warp owns one gate/up tile pair; kw = 1, 2 or 4 warps of a block share the pair along K and
+//    add their partial sums through shared memory at the end, so that even one token routed to
+//    nine experts gives every SM enough warps (and bytes in flight) to stream at full bandwidth.
+// Act-order (a per-expert activation gather) stays on the staged kernel.
+#pragma once
+#include "cuda/sm90_wna16_moe_gemm.cuh"
+
+namespace wna16::cuda::gemm {
+
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+constexpr int kDecodePF = 4;             // int4 k-chunks (1 KB of weights each) in flight per warp
+constexpr int kDecodeBM = CfgM8::BLOCK_M;  // tokens per m-block: one 8-wide MMA column
+static_assert(kDecodeBM == 8, "one MMA token column per m-block");
+static_assert(kDecodePF % 2 == 0, "the activation ring alternates two slots");
+static_assert(PackedGemm::kTilePad % (2 * kDecodeWarps) == 0, "a block's tile pairs must divide the n-tile padding");
+
+// 16 bytes of a weight stream: read once, so keep it out of L1 (the activations live there).
+__device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+template <class T, int BITS>
+__global__ void __launch_bounds__(kDecodeThreads, 4) wna16_moe_decode_kernel(const KParams p) {
+  constexpr int U = BITS / 4;   // uint4 per lane per tile and k-chunk
+  constexpr int PF = kDecodePF / U;  // k-chunks in flight per warp: the same bytes for int4 and int8
+  constexpr bool kCanDefer = !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>);
+  __shared__ float red[kDecodeWarps][2][4][32];  // partial sums of the k-slices: [warp][tile][reg][lane]
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, tig = lane & 3;
+  const int kw = p.decode_kw;                      // warps per tile pair along K
+  const int wp = warp / kw, wk = warp % kw;        // pair within the block, k-slice
+  const int pairs_per_block = kDecodeWarps / kw;
+  const bool defer = kCanDefer && p.defer_ok;
+  const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
+  const int nb_count = (p.NT / 2) / pairs_per_block;
+  const int64_t total = int64_t(num_mb) * nb_count * p.splits;
+  const T* x = static_cast<const T*>(p.x);
+  const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
+  const int mstride = p.NT * 8;                    // meta words per group
+
+  for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+    const int split = int(item % p.splits);
+    const int64_t rest = item / p.splits;
+    const int nb = int(rest % nb_count);
+    const int mb = p.mb_begin + int(rest / nb_count);
+    const int expert = __ldg(p.expert_ids + mb);
+    if (expert < 0) continue;  // block-uniform
+    // Lane c < 8 holds token column c's slot (-1: padding); valid columns form a prefix.
+    int slot = -1;
+    if (lane < kDecodeBM) {
+      const int s = __ldg(p.sorted_ids + int64_t(mb) * kDecodeBM + lane);
+      slot = (s >= 0 && s < p.num_slots) ? s : -1;
+    }
+    if (__ballot_sync(0xffffffffu, slot >= 0) == 0) continue;  // block-uniform
+    // B operand: lane (g, tig) feeds token column g with real k 16*tig .. +16 of each chunk.
+    const int my_slot = __shfl_sync(0xffffffffu, slot, g);
+    const T* xrow = nullptr;
+    if (my_slot >= 0) {
+      const int64_t src = p.epilogue == 0 ? my_slot / p.topk : int64_t(mb) * kDecodeBM + g;
+      xrow = x + src * p.x_stride + 16 * tig;
+    }
+
+    // This warp's k-chunks: the split's range cut into kw slices (whole groups when deferred).
+    const int ks0 = split * p.kc_per_split, ks_end = min(p.KC, ks0 + p.kc_per_split);
+    int per = (ks_end - ks0 + kw - 1) / kw;
+    if (defer && p.G > 1) per = (per + p.chunks_per_group - 1) / p.chunks_per_group * p.chunks_per_group;
+    const int kb = min(ks_end, ks0 + wk * per), ke = min(ks_end, kb + per);
+    const int nk = ke - kb;
+
+    const int pair = nb * pairs_per_block + wp;
+    const int nt0 = 2 * pair;
+    const uint4* wsrc = p.qweight + int64_t(expert) * p.qw_stride + int64_t(nt0) * U * 32 + lane;
+    const int64_t meta0 = int64_t(expert) * p.meta_stride + int64_t(nt0) * 8 + g;
+    auto group_of = [&](int k) { return p.G == 1 ? 0 : (p.group_shift >= 0 ? k >> p.group_shift : k / p.group_len); };
+    auto group_ends = [&](int kc) {
+      if (kc + 1 == ke) return true;
+      if (p.G == 1) return false;
+      return p.cpg_shift >= 0 ? ((kc + 1) & ((1 << p.cpg_shift) - 1)) == 0 : (kc + 1) % p.chunks_per_group == 0;
+    };
+
+    // The ring: PF chunks of both tiles' weights (loaded in chunk order, so one running pointer),
+    // and the activations one chunk ahead (L1/L2 hits: a short lead is enough).
+    uint4 wbuf[PF][2 * U], xbuf[2][2];
+    const uint4* wnext = wsrc + int64_t(kb) * wstride;
+    auto load_w = [&](int ring) {
+#pragma unroll
+      for (int u = 0; u < 2 * U; ++u) wbuf[ring][u] = ld_stream16(wnext + u * 32);
+      wnext += wstride;
+    };
+    auto load_x = [&](int ring, int kc) {
+      if (xrow) {
+        const uint4* xs = reinterpret_cast<const uint4*>(xrow + kc * 64);
+        xbuf[ring][0] = __ldg(xs);
+        xbuf[ring][1] = __ldg(xs + 1);
+      } else {
+        xbuf[ring][0] = xbuf[ring][1] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    };
+#pragma unroll
+    for (int s = 0; s < PF; ++s)
+      if (s < nk) load_w(s);
+    if (nk > 0) load_x(0, kb);
+
+    float acc[2][4], tmp[2][4], xsum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][e] = tmp[i][e] = 0.f;
+    uint32_t sc[2] = {0u, 0u}, zc[2] = {p.default_zero, p.default_zero};  // the current group's meta
+    const uint32_t one = ones2<T>();
+    const uint32_t ones[4] = {one, one, one, one};
+
+    for (int k0 = 0; k0 < nk; k0 += PF) {
+#pragma unroll
+      for (int s = 0; s < PF; ++s) {
+        const int kt = k0 + s;
+        if (kt >= nk) break;
+        const int kc = kb + kt;
+        uint32_t wq[2][4 * U];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const uint4 v = wbuf[s][i * U + u];
+            wq[i][4 * u + 0] = v.x;
+            wq[i][4 * u + 1] = v.y;
+            wq[i][4 * u + 2] = v.z;
+            wq[i][4 * u + 3] = v.w;
+          }
+        const uint4 xb[2] = {xbuf[s & 1][0], xbuf[s & 1][1]};
+        if (kt + PF < nk) load_w(s);  // refill this ring slot while the chunk computes
+        if (kt + 1 < nk) load_x((s + 1) & 1, kc + 1);
+
+        if (kCanDefer && defer) {
+          if constexpr (kCanDefer) {
+            // The group's scales (and zeros): loaded at its first chunk, used at its last.
+            const bool group_starts =
+                p.cpg_shift >= 0 ? (kc & ((1 << p.cpg_shift) - 1)) == 0 : kc % p.chunks_per_group == 0;
+            if (kt == 0 || (p.G > 1 && group_starts)) {
+              const int64_t off = meta0 + int64_t(group_of(kc * 64)) * mstride;
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                sc[i] = __ldg(p.scales + off + i * 8);
+                if (p.zeros) zc[i] = __ldg(p.zeros + off + i * 8);
+              }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              // Row sums of the tokens (the zero-point correction), from an all-ones A operand.
+              float d[4] = {xsum[0], xsum[1], 0.f, 0.f};
+              Act<T>::mma(d, ones, xb[h].x, xb[h].y);
+              Act<T>::mma(d, ones, xb[h].z, xb[h].w);
+              xsum[0] = d[0];
+              xsum[1] = d[1];
+#pragma unroll
+              for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int jj = 0; jj < 2; ++jj) {
+                  uint32_t a[4];
+                  raw_codes<T, BITS>(wq[i], 2 * h + jj, a);
+                  Act<T>::mma(tmp[i], a, jj ? xb[h].z : xb[h].x, jj ? xb[h].w : xb[h].y);
+                }
+            }
+            if (group_ends(kc)) {
+              // acc += s * (sum (magic + q) x - (magic + z) * sum x), per weight row and token.
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                const float s_lo = f16_lo(sc[i]), s_hi = f16_hi(sc[i]);
+                const float z_lo = magic_value<T>() + float(zc[i] & 0xffffu);
+                const float z_hi = magic_value<T>() + float(zc[i] >> 16);
+                acc[i][0] = fmaf(s_lo, fmaf(-z_lo, xsum[0], tmp[i][0]), acc[i][0]);
+                acc[i][1] = fmaf(s_lo, fmaf(-z_lo, xsum[1], tmp[i][1]), acc[i][1]);
+                acc[i][2] = fmaf(s_hi, fmaf(-z_hi, xsum[0], tmp[i][2]), acc[i][2]);
+                acc[i][3] = fmaf(s_hi, fmaf(-z_hi, xsum[1], tmp[i][3]), acc[i][3]);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) tmp[i][e] = 0.f;
+              }
+              xsum[0] = xsum[1] = 0.f;
+            }
+          }
+        } else {
+          // Per-weight dequantisation with the scale of this lane's 16 k (one group).
+          const int64_t off = meta0 + int64_t(group_of(kc * 64 + 16 * tig)) * mstride;
+          TileMeta<T, BITS> meta[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            meta[i].load(__ldg(p.scales + off + i * 8), p.zeros ? __ldg(p.zeros + off + i * 8) : p.default_zero);
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+              for (int jj = 0; jj < 2; ++jj) {
+                uint32_t a[4];
+                dequant<T, BITS>(wq[i], 2 * h + jj, meta[i], a);
+                Act<T>::mma(acc[i], a, jj ? xb[h].z : xb[h].x, jj ? xb[h].w : xb[h].y);
+              }
+        }
+      }
+    }
+
+    // Token columns 2*tig and 2*tig + 1 of the C fragment (shuffles by every lane, before branching).
+    const int slot0 = __shfl_sync(0xffffffffu, slot, 2 * tig);
+    const int slot1 = __shfl_sync(0xffffffffu, slot, 2 * tig + 1);
+    if (kw > 1) {  // block-uniform: add the k-slices of each pair in its first warp
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[warp][i][e][lane] = acc[i][e];
+      __syncthreads();
+      if (wk == 0)
+        for (int w = 1; w < kw; ++w)
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][e] += red[warp + w][i][e][lane];
+      __syncthreads();  // red is free for the next item
+      if (wk != 0) continue;
+    }
+
+    // ---- epilogue: C rows are weight rows (g, g+8), columns are tokens (2*tig, 2*tig+1) ----
+    if (p.epilogue == 0) {
+      const int c_lo = pair * 16 + g, c_hi = c_lo + 8;
+      if (c_lo < p.N / 2) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if ((e ? slot1 : slot0) < 0) continue;
+          char* row = static_cast<char*>(p.out) +
+                      (int64_t(mb) * kDecodeBM + 2 * tig + e) * p.out_stride * int64_t(sizeof(T));
+          Act<T>::store(row + c_lo * sizeof(T), silu(acc[0][e]) * acc[1][e]);
+          if (c_hi < p.N / 2) Act<T>::store(row + c_hi * sizeof(T), silu(acc[0][2 + e]) * acc[1][2 + e]);
+        }
+      }
+    } else {
+      float* out = static_cast<float*>(p.out);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int s = e ? slot1 : slot0;
+        if (s < 0) continue;
+        const float w = __ldg(p.topk_weights + s);
+        float* orow = out + int64_t(s / p.topk) * p.out_stride;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int n_lo = (nt0 + i) * 16 + g;
+          if (n_lo < p.N) atomicAdd(orow + n_lo, w * acc[i][e]);
+          if (n_lo + 8 < p.N) atomicAdd(orow + n_lo + 8, w * acc[i][2 + e]);
+        }
+      }
+    }
+  }
+}
+
+// Blocks of the decode kernel resident per SM (cached per instantiation).
+template <class T, int BITS>
+int prepare_decode() {
+  static int bps = 0;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, wna16_moe_decode_kernel<T, BITS>,
+                                                                   kDecodeThreads, 0));
+    if (bps < 1) throw Error("the decode kernel cannot be resident on this device");
+  });
+  return bps;
+}
+
+// kp.decode_kw must be set (choose_decode_kw). A persistent grid of at most the resident blocks.
+template <class T, int BITS>
+void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream) {
+  const int64_t resident = int64_t(prepare_decode<T, BITS>()) * device_info().sms;
+  const int64_t items = upper_mblocks * ((kp.NT / 2) / (kDecodeWarps / kp.decode_kw)) * kp.splits;
+  const int64_t grid = std::max<int64_t>(1, std::min(items, resident));
+  wna16_moe_decode_kernel<T, BITS><<<dim3(unsigned(grid)), dim3(kDecodeThreads), 0, stream>>>(kp);
+  WNA16_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace wna16::cuda::gemm

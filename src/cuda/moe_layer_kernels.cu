@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <type_traits>
 #include <string>
 
 #include "cuda/cuda_check.h"
@@ -29,54 +31,91 @@ __device__ __forceinline__ void zero_fill(float4* p, int64_t n4) {
 }
 
 // ---- router, few tokens: every weight row is read once, the H axis spread over a whole block ----
+// One router row per block (DeepSeek-V3: 256 blocks, ~2 per SM, the 7.3 MB read spread over the
+// whole GPU). Each thread issues all its row loads of a batch (kSmallBatch float4, 32 KB of row
+// per block) before the first use, so one DRAM round trip covers H <= 8192.
+// NOTE: a plain `#pragma unroll 8` loop with a run-time trip count of 7 ran entirely in the
+// remainder loop: one dependent DRAM round trip per float4.
 constexpr int kSmallThreads = 256;
-constexpr int kSmallE = 1;  // router rows per block (M=1: E blocks stream the router)
-constexpr int kSmallM = 4;  // tokens per block
+constexpr int kSmallBatch = 8;  // float4 row loads in flight per thread
+constexpr int kSmallM = 8;      // tokens per block
 constexpr int kSmallMaxM = 32;  // above this the tiled kernel re-reads the router far less
 
-template <class T>
+// x[0..3] as floats; kVec: one 8-byte load (x 8-byte aligned, H a multiple of 4).
+template <class T, bool kVec>
+__device__ __forceinline__ void load_x4(const T* p, float (&f)[4]) {
+  if constexpr (kVec) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+    const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const unsigned short lo = static_cast<unsigned short>(w[i] & 0xffffu), hi = static_cast<unsigned short>(w[i] >> 16);
+      if constexpr (std::is_same_v<T, __half>) {
+        f[2 * i] = __half2float(__ushort_as_half(lo));
+        f[2 * i + 1] = __half2float(__ushort_as_half(hi));
+      } else {
+        f[2 * i] = __bfloat162float(__ushort_as_bfloat16(lo));
+        f[2 * i + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] = to_f(p[i]);
+  }
+}
+
+template <class T, bool kVecX>
 __global__ void __launch_bounds__(kSmallThreads)
     router_small_kernel(const T* __restrict__ x, int M, int H, const float* __restrict__ router, int E, int E_ext,
                         float* __restrict__ logits, float* __restrict__ gate_logit, float4* __restrict__ zero,
                         int64_t zero_n4) {
-  zero_fill(zero, zero_n4);
-  const int e0 = blockIdx.x * kSmallE, m0 = blockIdx.y * kSmallM;
-  float acc[kSmallE][kSmallM] = {};
-#pragma unroll 8
-  for (int h = threadIdx.x * 4; h < H; h += kSmallThreads * 4) {
-    float4 r[kSmallE];
+  // The routing kernel (launched with programmatic dependent launch) may get resident now; it
+  // waits for this grid's completion before reading the logits.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const int e = blockIdx.x, m0 = blockIdx.y * kSmallM;
+  const int mt = min(kSmallM, M - m0);
+  const float* row = router + int64_t(e) * H;
+  float acc[kSmallM] = {};
+  for (int h0 = 0; h0 < H; h0 += kSmallThreads * 4 * kSmallBatch) {
+    float4 r[kSmallBatch];
 #pragma unroll
-    for (int e = 0; e < kSmallE; ++e)
-      r[e] = e0 + e < E_ext ? __ldg(reinterpret_cast<const float4*>(router + int64_t(e0 + e) * H + h))
-                            : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int b = 0; b < kSmallBatch; ++b) {
+      const int h = h0 + (b * kSmallThreads + int(threadIdx.x)) * 4;
+      r[b] = h < H ? __ldg(reinterpret_cast<const float4*>(row + h)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
 #pragma unroll
     for (int m = 0; m < kSmallM; ++m) {
-      if (m0 + m >= M) break;
-      const T* xr = x + int64_t(m0 + m) * H + h;
-      const float x0 = to_f(xr[0]), x1 = to_f(xr[1]), x2 = to_f(xr[2]), x3 = to_f(xr[3]);
+      if (m >= mt) break;
+      const T* xr = x + int64_t(m0 + m) * H;
 #pragma unroll
-      for (int e = 0; e < kSmallE; ++e) acc[e][m] += r[e].x * x0 + r[e].y * x1 + r[e].z * x2 + r[e].w * x3;
+      for (int b = 0; b < kSmallBatch; ++b) {
+        const int h = h0 + (b * kSmallThreads + int(threadIdx.x)) * 4;
+        if (h < H) {
+          float v[4];
+          load_x4<T, kVecX>(xr + h, v);
+          acc[m] += r[b].x * v[0] + r[b].y * v[1] + r[b].z * v[2] + r[b].w * v[3];
+        }
+      }
     }
   }
-  __shared__ float part[kSmallThreads / 32][kSmallE * kSmallM];
+  zero_fill(zero, zero_n4);  // after the loads are in flight: the stores only take issue slots
+  __shared__ float part[kSmallThreads / 32][kSmallM];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-  for (int e = 0; e < kSmallE; ++e)
+  for (int m = 0; m < kSmallM; ++m) {
+    float v = acc[m];
 #pragma unroll
-    for (int m = 0; m < kSmallM; ++m) {
-      float v = acc[e][m];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) part[warp][e * kSmallM + m] = v;
-    }
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) part[warp][m] = v;
+  }
   __syncthreads();
-  if (threadIdx.x < kSmallE * kSmallM) {
-    const int e = threadIdx.x / kSmallM, m = threadIdx.x % kSmallM;
+  if (threadIdx.x < kSmallM) {
+    const int m = threadIdx.x;
     float v = 0.f;
 #pragma unroll
-    for (int w = 0; w < kSmallThreads / 32; ++w) v += part[w][threadIdx.x];
-    if (m0 + m < M && e0 + e < E_ext) {
-      if (e0 + e < E) logits[int64_t(m0 + m) * E + e0 + e] = v;
+    for (int w = 0; w < kSmallThreads / 32; ++w) v += part[w][m];
+    if (m < mt) {
+      if (e < E) logits[int64_t(m0 + m) * E + e] = v;
       else gate_logit[m0 + m] = v;
     }
   }
@@ -90,6 +129,7 @@ __global__ void __launch_bounds__(kTileThreads)
     router_tiled_kernel(const T* __restrict__ x, int M, int H, const float* __restrict__ router, int E, int E_ext,
                         float* __restrict__ logits, float* __restrict__ gate_logit, float4* __restrict__ zero,
                         int64_t zero_n4) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // see router_small_kernel
   zero_fill(zero, zero_n4);
   __shared__ __align__(16) float xs[kTileK][kTile + 4];  // [k][token]
   __shared__ __align__(16) float rs[kTileK][kTile + 4];  // [k][expert]
@@ -193,9 +233,15 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
     using T = decltype(tag);
     const T* xt = static_cast<const T*>(x);
     if (M <= kSmallMaxM) {
-      dim3 grid((E_ext + kSmallE - 1) / kSmallE, unsigned((M + kSmallM - 1) / kSmallM));
-      router_small_kernel<T><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits, gate_logit,
-                                                            reinterpret_cast<float4*>(zero), zero_n / 4);
+      const dim3 grid(unsigned(E_ext), unsigned((M + kSmallM - 1) / kSmallM));
+      if (reinterpret_cast<uintptr_t>(x) % 8 == 0)
+        router_small_kernel<T, true><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits,
+                                                                    gate_logit, reinterpret_cast<float4*>(zero),
+                                                                    zero_n / 4);
+      else
+        router_small_kernel<T, false><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits,
+                                                                     gate_logit, reinterpret_cast<float4*>(zero),
+                                                                     zero_n / 4);
     } else {
       dim3 grid((E_ext + kTile - 1) / kTile, unsigned((M + kTile - 1) / kTile));
       router_tiled_kernel<T><<<grid, kTileThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits, gate_logit,

@@ -439,24 +439,25 @@ void CudaMoeLayer::Impl::check_call(const void* x, const void* out, int64_t M, D
                             workspace_size, L->total, M));
 }
 
+// Three launches: router logits (plain launch: fully ordered after whatever came before, which may
+// still read the accumulator it zeroes) -> routing with the shared-expert slots appended ->
+// align, the last two with programmatic dependent launch. Each of those waits
+// (griddepcontrol.wait) in every thread before its first global access, so each completes only
+// after its predecessor did; the GEMM after align is a plain launch, so by then the router's
+// zero-fill of the accumulator is complete too.
 void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L,
                                          int block_m, cudaStream_t st) const {
   auto* logits = reinterpret_cast<float*>(ws + L.logits);
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
-  auto* ids = reinterpret_cast<int32_t*>(ws + L.ids);
-  auto* wts = reinterpret_cast<float*>(ws + L.w);
   launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate,
                        reinterpret_cast<float*>(ws + L.acc), M * H, st);
   stage_done("router logits", st);
-  launch_routing(spec.routing, logits, DType::F32, M, static_cast<const float*>(bias.p), ids, wts, st);
+  // With shared slices the routing writes [M, k + S] straight into ids2 / w2 (no append kernel).
+  auto* ids2 = reinterpret_cast<int32_t*>(ws + (S > 0 ? L.ids2 : L.ids));
+  auto* w2 = reinterpret_cast<float*>(ws + (S > 0 ? L.w2 : L.w));
+  launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
+                             ids2, w2, st);
   stage_done("routing", st);
-  const int32_t* ids2 = ids;
-  if (S > 0) {
-    launch_append_shared(ids, wts, gated ? gate : nullptr, M, k, S, E, reinterpret_cast<int32_t*>(ws + L.ids2),
-                         reinterpret_cast<float*>(ws + L.w2), st);
-    stage_done("shared-expert slots", st);
-    ids2 = reinterpret_cast<int32_t*>(ws + L.ids2);
-  }
   launch_align(ids2, M * k2, E2, block_m, reinterpret_cast<int32_t*>(ws + L.sorted),
                reinterpret_cast<int32_t*>(ws + L.eids), reinterpret_cast<int32_t*>(ws + L.ntpp), st);
   stage_done("align", st);

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "wna16/half.h"
+#include "wna16/moe.h"
 
 namespace wna16::cuda {
 
@@ -20,6 +21,12 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
 // ids2[m, k+s] = E + s with weight 1 (gate_logit null) or sigmoid(gate_logit[m]).
 void launch_append_shared(const int32_t* ids, const float* weights, const float* gate_logit, int64_t M, int k,
                           int S, int E, int32_t* ids2, float* weights2, Stream stream);
+
+// launch_routing (wna16/cuda_kernels.h) on fp32 logits with the append step above fused in:
+// ids2 / weights2 are [M, top_k + S] (S may be 0). Launched with programmatic dependent launch;
+// the kernel waits for the previous kernel in the stream before its first global access.
+void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias,
+                                const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream);
 
 // out[i] = act(acc[i]) for i < n (n a multiple of 4).
 void launch_cast_out(const float* acc, void* out, DType act, int64_t n, Stream stream);

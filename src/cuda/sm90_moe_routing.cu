@@ -23,6 +23,7 @@
 #include <string>
 
 #include "cuda/cuda_check.h"
+#include "cuda/moe_layer_kernels.h"
 #include "wna16/cuda_kernels.h"
 #include "wna16/error.h"
 
@@ -52,8 +53,11 @@ struct RouteParams {
   int topk_group;
   float scale;     // routed_scaling_factor where the method applies it, else 1
   const float* bias;
-  int32_t* ids;
-  float* weights;
+  int32_t* ids;      // [M, ld]
+  float* weights;    // [M, ld]
+  int64_t ld;        // top_k + S
+  int S;             // shared-expert slices appended as choices top_k.. with ids E..E+S-1
+  const float* gate_logit;  // [M]: their weight is sigmoid(gate_logit[m]); null: weight 1
 };
 
 __device__ __forceinline__ float load_logit(const void* p, int dtype, int64_t i) {
@@ -63,29 +67,9 @@ __device__ __forceinline__ float load_logit(const void* p, int dtype, int64_t i)
   return __half2float(__ushort_as_half(u));
 }
 
-// (v, i) beats (w, j): larger value, or equal value and lower index. Every lane of a butterfly
-// ends with the same winner because this is a total order on (value, index).
+// (v, i) beats (w, j): larger value, or equal value and lower index. A total order on (value,
+// index) for non-NaN values: every butterfly lane ends with the same winner, and ranks are distinct.
 __device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
-
-__device__ __forceinline__ void warp_argmax(float& v, int& i) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, off);
-    if (beats(ov, oi, v, i)) { v = ov; i = oi; }
-  }
-}
-
-// The same, carrying the winner's weight value w along.
-__device__ __forceinline__ void warp_argmax(float& v, int& i, float& w) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, off);
-    const float ow = __shfl_xor_sync(0xffffffffu, w, off);
-    if (beats(ov, oi, v, i)) { v = ov; i = oi; w = ow; }
-  }
-}
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
@@ -112,18 +96,42 @@ __device__ __forceinline__ float exp_diff(float a, float b) {
 
 constexpr int kNone = 0x7fffffff;  // index of "no candidate": loses every tie
 
+// Per-warp shared scratch: the keys of the token (group scores), then the top-k candidates, then
+// the chosen ids and values in output order.
+template <int VPL>
+struct RouteScratch {
+  float key[32 * VPL];
+  float val[32 * VPL];
+  int16_t idx[32 * VPL];  // E <= 1024
+  int32_t out_id[kRouteMaxTopK];
+  float out_val[kRouteMaxTopK];
+};
+
 // One warp per token. Lane l holds experts e = j * 32 + l (j < VPL): coalesced row loads.
+// Every reduction that the reference does as a sequence of argmax rounds is done here as a rank
+// count in the total order `beats` (value desc, index asc), which gives the same set and order:
+//  - group scores: 32 / n_group lanes per group scan the group's keys in shared memory, then a
+//    segmented butterfly; all groups at once.
+//  - kept groups: each group's rank among the n_group scores (32 independent shuffles).
+//  - top-k: T = the k-th best of the 32 lane maxima; every expert in the top k is not beaten by T
+//    (k lane maxima are >= T), and nothing beaten by T beats such an expert, so the top k are the
+//    ranks < k among the candidates not beaten by T (at most k * VPL, usually about k).
 template <int VPL>
 __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteParams p) {
+  __shared__ RouteScratch<VPL> scratch[kRouteWarps];
   // Programmatic dependent launch (no-ops unless the launches carry the attribute): the next
   // kernel (align) may start its set-up now; it waits for this grid's completion before reading
   // topk_ids. And the logits are read only once the previous kernel (the router GEMM) is done.
+  // NOTE: every thread waits before it may return, so this grid completes only after its
+  // predecessor did (the layer's chain relies on that for the router's zero-fill).
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
   const int lane = threadIdx.x & 31;
   const int64_t m = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
   if (m >= p.M) return;  // warp-uniform
+  RouteScratch<VPL>& sc = scratch[threadIdx.x >> 5];
   const int E = p.E;
+  const unsigned lt = (1u << lane) - 1u;
 
   float key[VPL];  // what is chosen on: the logit, or s + bias
   float val[VPL];  // what the weight is made of: exp(l - max), or s
@@ -168,69 +176,113 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
     total = warp_sum(part);
   }
 
-  // Group selection: lane g ends up with group g's score; topk_group rounds of argmax over lanes.
   const bool grouped = p.method == kNoaux || (p.method == kGroupLimited && p.n_group > 1);
   if (grouped) {
-    const int per_group = E / p.n_group;
-    int group[VPL];  // group of expert j*32+lane
-#pragma unroll
-    for (int j = 0; j < VPL; ++j) group[j] = (j * 32 + lane) / per_group;
-    float gscore = -INFINITY;
-    for (int g = 0; g < p.n_group; ++g) {
-      float a1 = -INFINITY, a2 = -INFINITY;  // the two best keys of group g in this lane
-#pragma unroll
-      for (int j = 0; j < VPL; ++j) {
-        if ((avail >> j & 1) && group[j] == g) {
-          const float k = key[j];
-          a2 = fmaxf(a2, fminf(a1, k));
-          a1 = fmaxf(a1, k);
-        }
-      }
-      if (p.method == kNoaux) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-          const float b1 = __shfl_xor_sync(0xffffffffu, a1, off);
-          const float b2 = __shfl_xor_sync(0xffffffffu, a2, off);
-          a2 = fmaxf(fminf(a1, b1), fmaxf(a2, b2));
-          a1 = fmaxf(a1, b1);
-        }
-        a1 += a2;  // sum of the two best, as the reference (per_group >= 2 is validated)
-      } else {
-        a1 = warp_max(a1);
-      }
-      if (lane == g) gscore = a1;
-    }
-    uint32_t kept = 0;
-    bool mine = lane < p.n_group;
-    for (int r = 0; r < p.topk_group; ++r) {
-      float v = mine ? gscore : -INFINITY;
-      int i = mine ? lane : kNone;
-      warp_argmax(v, i);
-      kept |= i < 32 ? 1u << i : 0u;  // i is always a lane here unless a group score is NaN
-      if (lane == i) mine = false;
-    }
+    const int n_group = p.n_group, per_group = E / n_group;
 #pragma unroll
     for (int j = 0; j < VPL; ++j)
-      if ((avail >> j & 1) && !(kept >> group[j] & 1)) avail &= ~(1u << j);  // group[j] < 32 when avail
+      if (avail >> j & 1) sc.key[j * 32 + lane] = key[j];
+    __syncwarp();
+    // Lanes [g * lpg, (g + 1) * lpg) score group g: max (group_limited) or the sum of the two best
+    // (noaux_tc). max/min are exact, so the score is the same float whatever the order.
+    int lpg = 1;
+    while (lpg * 2 * n_group <= 32) lpg *= 2;
+    const int g = lane / lpg;
+    float a1 = -INFINITY, a2 = -INFINITY;  // the two best keys this lane saw
+    if (g < n_group) {
+      const int end = (g + 1) * per_group;
+      for (int e = g * per_group + lane % lpg; e < end; e += lpg) {
+        const float k = sc.key[e];
+        a2 = fmaxf(a2, fminf(a1, k));
+        a1 = fmaxf(a1, k);
+      }
+    }
+    for (int off = lpg >> 1; off > 0; off >>= 1) {  // stays inside the aligned segment of lpg lanes
+      const float b1 = __shfl_xor_sync(0xffffffffu, a1, off);
+      const float b2 = __shfl_xor_sync(0xffffffffu, a2, off);
+      a2 = fmaxf(fminf(a1, b1), fmaxf(a2, b2));
+      a1 = fmaxf(a1, b1);
+    }
+    // per_group >= 2 is validated for noaux_tc.
+    const float seg_score = p.method == kNoaux ? a1 + a2 : a1;
+    // Lane g (< n_group) takes group g's score; NaN (only from non-finite bias) counts as -inf.
+    float gs = __shfl_sync(0xffffffffu, seg_score, (lane * lpg) & 31);
+    gs = lane < n_group && !isnan(gs) ? gs : -INFINITY;
+    // Rank of group `lane` among all groups. Lanes >= n_group hold (-inf, higher index): they beat
+    // no real group, so the loop needs no bound.
+    int rank = 0;
+#pragma unroll
+    for (int h = 0; h < 32; ++h) rank += beats(__shfl_sync(0xffffffffu, gs, h), h, gs, lane) ? 1 : 0;
+    const uint32_t kept = __ballot_sync(0xffffffffu, lane < n_group && rank < p.topk_group);
+#pragma unroll
+    for (int j = 0; j < VPL; ++j)
+      if ((avail >> j & 1) && !(kept >> ((j * 32 + lane) / per_group) & 1)) avail &= ~(1u << j);
+    __syncwarp();  // every lane is done reading sc.key before the candidates overwrite it
   }
 
-  // Top-k: k rounds of warp argmax; lane r keeps the r-th choice.
-  int my_id = 0;
-  float my_val = 0.f;
-  // NOTE: the weight value travels with the winner through the butterfly; picking val[i >> 5] in
-  // the owner lane afterwards would be a run-time register index (local memory).
-  for (int r = 0; r < p.top_k; ++r) {
-    float v = -INFINITY, w = 0.f;
-    int i = kNone;
+  // Lane maximum (ascending j: the lower index wins a tie), and its rank among the 32 lanes.
+  float hv = -INFINITY;
+  int hi = kNone;
 #pragma unroll
-    for (int j = 0; j < VPL; ++j)
-      if ((avail >> j & 1) && beats(key[j], j * 32 + lane, v, i)) { v = key[j]; i = j * 32 + lane; w = val[j]; }
-    warp_argmax(v, i, w);
-    if (lane == (i & 31)) avail &= ~(1u << (i >> 5));
-    if (lane == r) { my_id = i < E ? i : E - 1; my_val = w; }  // i == kNone only on NaN input
+  for (int j = 0; j < VPL; ++j)
+    if ((avail >> j & 1) && beats(key[j], j * 32 + lane, hv, hi)) { hv = key[j]; hi = j * 32 + lane; }
+  int hrank = 0;
+#pragma unroll
+  for (int o = 0; o < 32; ++o)
+    hrank += beats(__shfl_sync(0xffffffffu, hv, o), __shfl_sync(0xffffffffu, hi, o), hv, hi) ? 1 : 0;
+  // T: the k-th best lane maximum; with fewer than k lanes holding a candidate, (-inf, none), which
+  // beats nothing. Real maxima have distinct indices, hence distinct ranks: one lane matches.
+  const uint32_t has = __ballot_sync(0xffffffffu, hi != kNone);
+  const uint32_t at_k = __ballot_sync(0xffffffffu, hi != kNone && hrank == p.top_k - 1);
+  float tv = -INFINITY;
+  int ti = kNone;
+  if (__popc(has) >= p.top_k && at_k != 0) {
+    const int tl = __ffs(at_k) - 1;
+    tv = __shfl_sync(0xffffffffu, hv, tl);
+    ti = __shfl_sync(0xffffffffu, hi, tl);
   }
+
+  // Candidates: available and not beaten by T, compacted in (j, lane) order into shared memory.
+  if (lane < kRouteMaxTopK) {
+    sc.out_id[lane] = kNone;
+    sc.out_val[lane] = 0.f;
+  }
+  int n_cand = 0;
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    const int e = j * 32 + lane;
+    const bool c = (avail >> j & 1) && !beats(tv, ti, key[j], e);
+    const uint32_t b = __ballot_sync(0xffffffffu, c);
+    if (c) {
+      const int pos = n_cand + __popc(b & lt);
+      sc.key[pos] = key[j];
+      sc.val[pos] = val[j];
+      sc.idx[pos] = static_cast<int16_t>(e);
+    }
+    n_cand += __popc(b);
+  }
+  __syncwarp();
+  // Rank of each candidate among the candidates; ranks < top_k are the output positions.
+  for (int c = lane; c < n_cand; c += 32) {
+    const float cv = sc.key[c];
+    const int ci = sc.idx[c];
+    int r = 0;
+    for (int d = 0; d < n_cand; ++d) r += beats(sc.key[d], sc.idx[d], cv, ci) ? 1 : 0;
+    if (r < p.top_k) {
+      sc.out_id[r] = ci;
+      sc.out_val[r] = sc.val[c];
+    }
+  }
+  __syncwarp();
 
   const bool chosen = lane < p.top_k;
+  int my_id = 0;
+  float my_val = 0.f;
+  if (chosen) {
+    const int i = sc.out_id[lane];
+    my_id = i < E ? i : E - 1;  // i == kNone cannot happen on valid configs; ids stay in [0, E) anyway
+    my_val = sc.out_val[lane];
+  }
   float w = my_val;
   if (p.renormalize) {
     const float sum = warp_sum(chosen ? my_val : 0.f);
@@ -240,22 +292,45 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
     w = my_val / total;
   }
   w *= p.scale;
+  const int64_t row = m * p.ld;
   if (chosen) {
-    p.ids[m * p.top_k + lane] = my_id;
-    p.weights[m * p.top_k + lane] = w;
+    p.ids[row + lane] = my_id;
+    p.weights[row + lane] = w;
+  }
+  // The S shared-expert slices as extra choices (the layer's append step, fused).
+  if (p.S > 0) {
+    float sw = 1.f;
+    if (p.gate_logit) sw = 1.0f / (1.0f + expf(-p.gate_logit[m]));
+    for (int s = lane; s < p.S; s += 32) {
+      p.ids[row + p.top_k + s] = E + s;
+      p.weights[row + p.top_k + s] = sw;
+    }
   }
 }
 
 template <int VPL>
-void launch_vpl(const RouteParams& p, cudaStream_t s) {
+void launch_vpl(const RouteParams& p, cudaStream_t s, bool pdl) {
   const unsigned blocks = static_cast<unsigned>((p.M + kRouteWarps - 1) / kRouteWarps);
-  moe_routing_kernel<VPL><<<blocks, kRouteThreads, 0, s>>>(p);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kRouteThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_routing_kernel<VPL>, p));
 }
 
 }  // namespace
 
-void launch_routing(const RoutingConfig& cfg, const void* logits, DType logits_dtype, int64_t M, const float* bias,
-                    int32_t* topk_ids, float* topk_weights, Stream stream) {
+namespace {
+
+void launch_routing_impl(const RoutingConfig& cfg, const void* logits, DType logits_dtype, int64_t M,
+                         const float* bias, const float* gate_logit, int S, int32_t* topk_ids, float* topk_weights,
+                         bool pdl, cudaStream_t s) {
   cfg.validate();  // the reference's rules, with their messages (E, top_k, n_group, topk_group, ...)
   const int E = cfg.num_experts;
   if (E > kRouteMaxExperts)
@@ -271,6 +346,9 @@ void launch_routing(const RoutingConfig& cfg, const void* logits, DType logits_d
                 std::to_string(kRouteMaxGroups));
   if (M < 0) throw Error("routing: M=" + std::to_string(M) + " is negative");
   if (M > int64_t(0x7fffffff) * kRouteWarps) throw Error("routing: M=" + std::to_string(M) + " is too large");
+  if (S < 0 || S > kRouteMaxExperts)
+    throw Error("routing: S=" + std::to_string(S) + " shared slices is outside [0, " +
+                std::to_string(kRouteMaxExperts) + "]");
   if (cfg.method == RoutingMethod::NoauxTc && bias == nullptr)
     throw Error("routing: noaux_tc needs the correction bias (got null)");
   int dtype = 0;
@@ -302,16 +380,31 @@ void launch_routing(const RoutingConfig& cfg, const void* logits, DType logits_d
   p.bias = bias;
   p.ids = topk_ids;
   p.weights = topk_weights;
+  p.ld = cfg.top_k + S;
+  p.S = S;
+  p.gate_logit = S > 0 ? gate_logit : nullptr;
 
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int vpl = (E + 31) / 32;
-  if (vpl <= 1) launch_vpl<1>(p, s);
-  else if (vpl <= 2) launch_vpl<2>(p, s);
-  else if (vpl <= 4) launch_vpl<4>(p, s);
-  else if (vpl <= 8) launch_vpl<8>(p, s);
-  else if (vpl <= 16) launch_vpl<16>(p, s);
-  else launch_vpl<32>(p, s);
-  WNA16_CUDA_CHECK_LAUNCH();
+  if (vpl <= 1) launch_vpl<1>(p, s, pdl);
+  else if (vpl <= 2) launch_vpl<2>(p, s, pdl);
+  else if (vpl <= 4) launch_vpl<4>(p, s, pdl);
+  else if (vpl <= 8) launch_vpl<8>(p, s, pdl);
+  else if (vpl <= 16) launch_vpl<16>(p, s, pdl);
+  else launch_vpl<32>(p, s, pdl);
+}
+
+}  // namespace
+
+void launch_routing(const RoutingConfig& cfg, const void* logits, DType logits_dtype, int64_t M, const float* bias,
+                    int32_t* topk_ids, float* topk_weights, Stream stream) {
+  launch_routing_impl(cfg, logits, logits_dtype, M, bias, nullptr, 0, topk_ids, topk_weights, false,
+                      static_cast<cudaStream_t>(stream));
+}
+
+void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias,
+                                const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream) {
+  launch_routing_impl(cfg, logits, DType::F32, M, bias, gate_logit, S, ids2, weights2, true,
+                      static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace wna16::cuda

@@ -11,11 +11,16 @@ namespace wna16::cuda {
 // The member defaults are the default tuning: the fastest of the variants measured on the H200
 // (2026-11-30, E=256 and 32k slots: ballot/2048/pdl 8.4-9.2 us against 9.3-10.2 without PDL,
 // 10.7-11.6 with 4096 slots per CTA, 14.8-15.0 with 8192; match_any ~0.5 us slower than ballots).
+// small_max_slots: up to this many slots run the small path (one plain CTA, no cluster; expected
+// faster at decode, not measured yet).
+constexpr int kAlignSmallMaxSlots = 1024;  // the small path has one thread per slot
+
 struct AlignTuning {
   bool match_any = false;     // same-expert lanes by __match_any_sync instead of one ballot per id bit
   int slots_per_cta = 2048;   // cluster size = clamp(ceil(num_slots / slots_per_cta), 1, max cluster)
   bool plain_single = false;  // a one-CTA grid is launched without the cluster attribute
   bool pdl = true;            // programmatic dependent launch: set-up overlaps the previous kernel
+  int small_max_slots = kAlignSmallMaxSlots;  // num_slots <= this: the small path (0: never)
   const char* name = "ballot/2048/pdl";
 };
 extern const AlignTuning kAlignDefaultTuning;

@@ -166,6 +166,48 @@ __device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums) {
   return warp > 0 ? v + warp_sums[warp - 1] : v;
 }
 
+// Step 4, spread over n_threads threads (gthread: this thread's rank; gwarp: its warp's rank among
+// n_warps): the padding of every expert's run, the tail past the padded total (sentinel) and
+// expert_ids. Reads only offsets and expert_total (complete before the call). The padding and the
+// scattered slots never overlap, so no ordering with the scatter is needed.
+__device__ __forceinline__ void fill_padding_and_blocks(const int32_t* offsets, const int32_t* expert_total, int E,
+                                                        int block_m, int num_slots, int padded_cap, int num_blocks,
+                                                        int gwarp, int n_warps, int gthread, int n_threads,
+                                                        int32_t* __restrict__ sorted,
+                                                        int32_t* __restrict__ expert_ids) {
+  const int lane = threadIdx.x & 31;
+  const int padded_total = offsets[E];
+  const int sentinel = num_slots;
+  // Padding after each expert's slots (at most block_m - 1 entries): a group of `width` lanes per
+  // expert, the smallest power of two (up to a warp) that covers block_m - 1, so the stores of a
+  // group coalesce and small block_m does not leave most lanes idle.
+  if (block_m > 1) {
+    int width = 1;
+    while (width < 32 && width < block_m - 1) width <<= 1;
+    const int groups_per_warp = 32 / width;
+    const int stride = n_warps * groups_per_warp;
+    for (int e = gwarp * groups_per_warp + lane / width; e < E; e += stride)
+      for (int p = offsets[e] + expert_total[e] + lane % width; p < offsets[e + 1]; p += width) sorted[p] = sentinel;
+  }
+  // Tail past the padded total.
+  for (int64_t p = int64_t(padded_total) + gthread; p < padded_cap; p += n_threads) sorted[p] = sentinel;
+  // expert_ids: the expert whose padded run holds the block's first entry: the largest e with
+  // offsets[e] <= pos (experts with no slots have an empty run and are skipped by "largest").
+  for (int64_t b = gthread; b < num_blocks; b += n_threads) {
+    const int64_t pos = int64_t(b) * block_m;
+    int e = -1;
+    if (pos < padded_total) {
+      int lo = 0, hi = E;
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (offsets[mid] <= pos) lo = mid; else hi = mid;
+      }
+      e = lo;
+    }
+    expert_ids[b] = e;
+  }
+}
+
 // The grid is exactly one cluster. padded_cap = max_padded_slots, num_blocks = max_align_blocks.
 // kPeers: how scatter rounds find same-expert lanes (see warp_peers).
 template <int kPeers>
@@ -182,7 +224,7 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
   const cg::cluster_group cluster = cg::this_cluster();
   const int n_cta = static_cast<int>(cluster.num_blocks());
   const int cta = static_cast<int>(cluster.block_rank());
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, warp = tid >> 5;
 
   // Programmatic dependent launch (no-ops without the launch attribute): let the next kernel in
   // the stream start launching now (it must wait for our completion before reading our outputs),
@@ -248,40 +290,71 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
 
   walk_chunk<true, kPeers>(topk_ids, begin, end, E, row, sorted, first);
 
-  const int padded_total = offsets[E];
-  const int sentinel = num_slots;
-  const int gthread = cta * kAlignThreads + tid, n_threads = n_cta * kAlignThreads;
-  // Padding after each expert's slots (at most block_m - 1 entries): a group of `width` lanes per
-  // expert, the smallest power of two (up to a warp) that covers block_m - 1, so the stores of a
-  // group coalesce and small block_m does not leave most lanes idle.
-  if (block_m > 1) {
-    int width = 1;
-    while (width < 32 && width < block_m - 1) width <<= 1;
-    const int groups_per_warp = 32 / width;
-    const int stride = n_cta * kAlignWarps * groups_per_warp;
-    for (int e = (cta * kAlignWarps + warp) * groups_per_warp + lane / width; e < E; e += stride)
-      for (int p = offsets[e] + expert_total[e] + lane % width; p < offsets[e + 1]; p += width) sorted[p] = sentinel;
-  }
-  // Tail past the padded total.
-  for (int64_t p = int64_t(padded_total) + gthread; p < padded_cap; p += n_threads) sorted[p] = sentinel;
-  // expert_ids: the expert whose padded run holds the block's first entry: the largest e with
-  // offsets[e] <= pos (experts with no slots have an empty run and are skipped by "largest").
-  for (int64_t b = gthread; b < num_blocks; b += n_threads) {
-    const int64_t pos = int64_t(b) * block_m;
-    int e = -1;
-    if (pos < padded_total) {
-      int lo = 0, hi = E;
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (offsets[mid] <= pos) lo = mid; else hi = mid;
-      }
-      e = lo;
-    }
-    expert_ids[b] = e;
-  }
-  if (cta == 0 && tid == 0) *post_padded = padded_total;
+  fill_padding_and_blocks(offsets, expert_total, E, block_m, num_slots, padded_cap, num_blocks, cta * kAlignWarps + warp,
+                          n_cta * kAlignWarps, cta * kAlignThreads + tid, n_cta * kAlignThreads, sorted, expert_ids);
+  if (cta == 0 && tid == 0) *post_padded = offsets[E];
 
   cluster_wait_acquire();
+}
+
+// The small path (num_slots <= kAlignSmallMaxSlots, the decode case): one plain CTA, one slot per
+// thread, warp w holding slots [32w, 32w + 32). A slot's output position is its expert's padded
+// offset + the same-expert slots of the lower warps (a [warp][expert] table of byte counts, <= 32
+// each) + its rank among its same-expert lanes; no per-warp counter rows to clear, no second walk,
+// no cluster barrier. Same outputs as moe_align_kernel, bit for bit.
+template <int kPeers>
+__global__ void __launch_bounds__(kAlignThreads, 1)
+    moe_align_small_kernel(const int32_t* __restrict__ topk_ids, int num_slots, int E, int block_m, int padded_cap,
+                           int num_blocks, int32_t* __restrict__ sorted, int32_t* __restrict__ expert_ids,
+                           int32_t* __restrict__ post_padded) {
+  extern __shared__ uint32_t table_words[];           // [n_warps][E] uint8, cleared as words
+  __shared__ int32_t expert_total[kAlignMaxExperts];  // all slots per expert
+  __shared__ int32_t offsets[kAlignMaxExperts + 1];   // padded exclusive offsets; [E] = padded total
+  __shared__ int32_t warp_sums[kAlignWarps];
+  uint8_t* table = reinterpret_cast<uint8_t*>(table_words);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n_warps = (num_slots + 31) / 32;
+
+  // As in moe_align_kernel: only the clearing of shared memory overlaps the previous kernel.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  for (int i = tid; i < (n_warps * E + 3) / 4; i += kAlignThreads) table_words[i] = 0;
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+
+  int key = -1;  // ids outside [0, E) take no room and land nowhere
+  if (tid < num_slots) {
+    const int v = __ldg(topk_ids + tid);
+    key = (unsigned)v < (unsigned)E ? v : -1;
+  }
+  __syncthreads();  // the table is clear
+
+  unsigned peers = 0;
+  if (warp < n_warps) {  // warp-uniform
+    peers = warp_peers<kPeers>(key);
+    // One writer per (warp, expert): the lowest lane of the group.
+    if (key >= 0 && lane == __ffs(peers) - 1) table[warp * E + key] = static_cast<uint8_t>(__popc(peers));
+  }
+  __syncthreads();
+
+  int total = 0;
+  if (tid < E)
+    for (int w = 0; w < n_warps; ++w) total += table[w * E + tid];
+  const int padded = tid < E ? (total + block_m - 1) / block_m * block_m : 0;
+  const int incl = block_inclusive_scan(padded, warp_sums);
+  if (tid < E) {
+    offsets[tid] = incl - padded;
+    expert_total[tid] = total;
+    if (tid == E - 1) offsets[E] = incl;
+  }
+  __syncthreads();
+
+  if (key >= 0) {
+    int pos = offsets[key] + __popc(peers & lanemask_lt());
+    for (int w = 0; w < warp; ++w) pos += table[w * E + key];
+    sorted[pos] = tid;
+  }
+  fill_padding_and_blocks(offsets, expert_total, E, block_m, num_slots, padded_cap, num_blocks, warp, kAlignWarps,
+                          tid, kAlignThreads, sorted, expert_ids);
+  if (tid == 0) *post_padded = offsets[E];
 }
 
 using AlignKernel = void (*)(const int32_t*, int, int, int, int, int, int32_t*, int32_t*, int32_t*);
@@ -293,10 +366,15 @@ constexpr AlignKernel kAlignKernels[] = {moe_align_kernel<0>, moe_align_kernel<3
                                          moe_align_kernel<8>, moe_align_kernel<10>};
 static_assert((1 << kAlignBallotBits[3]) >= kAlignMaxExperts, "the widest ballot variant holds every id");
 
-AlignKernel pick_kernel(int E, bool match_any) {
-  if (match_any) return kAlignKernels[0];
+constexpr AlignKernel kAlignSmallKernels[] = {moe_align_small_kernel<0>, moe_align_small_kernel<3>,
+                                              moe_align_small_kernel<6>, moe_align_small_kernel<8>,
+                                              moe_align_small_kernel<10>};
+static_assert(kAlignSmallMaxSlots <= kAlignThreads, "the small path gives each slot one thread");
+
+AlignKernel pick_kernel(const AlignKernel (&kernels)[5], int E, bool match_any) {
+  if (match_any) return kernels[0];
   for (int i = 0; i < 4; ++i)
-    if ((1 << kAlignBallotBits[i]) >= E) return kAlignKernels[i + 1];
+    if ((1 << kAlignBallotBits[i]) >= E) return kernels[i + 1];
   throw Error("moe_align: E=" + std::to_string(E) + " has no kernel variant");
 }
 
@@ -418,15 +496,32 @@ void launch_align_tuned(const int32_t* topk_ids, int64_t num_slots, int E, int b
     throw Error("moe_align: an output pointer is null (sorted_token_ids, expert_ids, num_tokens_post_padded)");
   if (tuning.slots_per_cta <= 0)
     throw Error("moe_align: tuning slots_per_cta=" + std::to_string(tuning.slots_per_cta) + " must be >= 1");
+  if (tuning.small_max_slots < 0 || tuning.small_max_slots > kAlignSmallMaxSlots)
+    throw Error("moe_align: tuning small_max_slots=" + std::to_string(tuning.small_max_slots) + " is outside [0, " +
+                std::to_string(kAlignSmallMaxSlots) + "]");
   const int64_t num_blocks = max_align_blocks(num_slots, E, block_m);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+
+  if (tuning.small_max_slots > 0 && num_slots <= tuning.small_max_slots) {
+    // One plain CTA; its byte table fits the default 48 KB of dynamic shared memory (<= 32 KB).
+    const int n_warps = static_cast<int>((num_slots + 31) / 32);
+    const size_t smem = (size_t(n_warps) * E + 3) / 4 * 4;
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg = cluster_config(1, smem, s, attr, false, tuning.pdl);
+    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, pick_kernel(kAlignSmallKernels, E, tuning.match_any), topk_ids,
+                                        static_cast<int>(num_slots), E, block_m, static_cast<int>(padded_cap),
+                                        static_cast<int>(num_blocks), sorted_token_ids, expert_ids,
+                                        num_tokens_post_padded));
+    return;
+  }
 
   const int max_cluster = align_max_cluster(current_device());
   const int n_cta = static_cast<int>(std::clamp<int64_t>(
       (num_slots + tuning.slots_per_cta - 1) / tuning.slots_per_cta, 1, max_cluster));
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = cluster_config(n_cta, align_dynamic_smem(E), static_cast<cudaStream_t>(stream), attr,
+  const cudaLaunchConfig_t cfg = cluster_config(n_cta, align_dynamic_smem(E), s, attr,
                                                 !(tuning.plain_single && n_cta == 1), tuning.pdl);
-  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, pick_kernel(E, tuning.match_any), topk_ids, static_cast<int>(num_slots), E,
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, pick_kernel(kAlignKernels, E, tuning.match_any), topk_ids, static_cast<int>(num_slots), E,
                                       block_m, static_cast<int>(padded_cap), static_cast<int>(num_blocks),
                                       sorted_token_ids, expert_ids, num_tokens_post_padded));
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/align_bench.h"
+#include "cuda/moe_layer_kernels.h"
 #include "wna16/cuda_kernels.h"
 #include "wna16/error.h"
 #include "wna16/half.h"
@@ -112,7 +113,19 @@ std::vector<cuda::AlignTuning> align_tunings() {
           T{.match_any = false, .slots_per_cta = 4096, .plain_single = false, .pdl = true, .name = "ballot/4096/pdl"},
           T{.match_any = true, .slots_per_cta = 2048, .plain_single = false, .pdl = true, .name = "match/2048/pdl"},
           T{.match_any = false, .slots_per_cta = 2048, .plain_single = false, .pdl = true, .name = "ballot/2048/pdl"},
-          T{.match_any = false, .slots_per_cta = 1024, .plain_single = false, .pdl = true, .name = "ballot/1024/pdl"}};
+          T{.match_any = false, .slots_per_cta = 1024, .plain_single = false, .pdl = true, .name = "ballot/1024/pdl"},
+          // The cluster kernel also where the small path would take over (num_slots <= 1024).
+          T{.match_any = false, .slots_per_cta = 2048, .plain_single = false, .pdl = true, .small_max_slots = 0,
+            .name = "ballot/2048/pdl/nosmall"},
+          T{.match_any = true, .slots_per_cta = 2048, .plain_single = true, .pdl = false, .small_max_slots = 0,
+            .name = "match/2048/plain1/nosmall"},
+          T{.match_any = false, .slots_per_cta = 64, .plain_single = false, .pdl = true, .small_max_slots = 0,
+            .name = "ballot/64/pdl/nosmall"},
+          // The small path with match_any, without PDL, and with a low threshold.
+          T{.match_any = true, .slots_per_cta = 2048, .plain_single = false, .pdl = true, .small_max_slots = 1024,
+            .name = "match/small"},
+          T{.match_any = false, .slots_per_cta = 2048, .plain_single = false, .pdl = false, .small_max_slots = 100,
+            .name = "ballot/small100/nopdl"}};
 }
 
 // Compares the device outputs with align_reference; returns an empty string when equal.
@@ -281,6 +294,56 @@ TEST_F(AlignGpu, NoSlots) {
     CUDA_OK(cudaStreamSynchronize(stream_));
     EXPECT_EQ(compare_align(b, {}, 8, block_m), "") << "block_m=" << block_m;
   }
+}
+
+// The small path (one plain CTA, num_slots <= kAlignSmallMaxSlots) and both sides of its threshold:
+// 0 and 1 slot, warp boundaries, E up to 1024 (also not a multiple of 32), zero-token experts,
+// every slot on one expert, the decode shapes (top_k + shared distinct experts per token).
+TEST_F(AlignGpu, SmallPathAroundThreshold) {
+  WNA16_REQUIRE_GPU();
+  const int64_t T = cuda::kAlignSmallMaxSlots;
+  for (int E : {1, 3, 8, 9, 33, 65, 256, 257, 1000, 1024})
+    for (int block_m : {1, 8, 16, 32, 64})
+      for (int64_t n : {int64_t(0), int64_t(1), int64_t(2), int64_t(9), int64_t(31), int64_t(32), int64_t(33),
+                        int64_t(144), int64_t(511), T - 1, T, T + 1, T + 100})
+        for (Dist d : {Dist::Uniform, Dist::OneExpert, Dist::LastExpert, Dist::EvenExpertsOnly, Dist::Ascending,
+                       Dist::DistinctPerToken})
+          check_align_case(n, E, block_m, d, rng_, stream_);
+}
+
+// A tuning threshold inside the small range: the last small and the first cluster size.
+TEST_F(AlignGpu, SmallPathTuningThreshold) {
+  WNA16_REQUIRE_GPU();
+  for (int limit : {1, 32, 100, 1024}) {
+    const cuda::AlignTuning t{.small_max_slots = limit, .name = "small-threshold"};
+    for (int E : {8, 257, 1024})
+      for (int64_t n : {int64_t(limit) - 1, int64_t(limit), int64_t(limit) + 1})
+        for (Dist d : {Dist::Uniform, Dist::OneExpert})
+          check_align_case(n, E, 16, d, rng_, stream_, &t);
+  }
+  const cuda::AlignTuning bad{.small_max_slots = 5000};
+  AlignBuffers b(16, 8, 4);
+  EXPECT_NE(error_of([&] { launch_align_on(b, 16, 8, 4, stream_, &bad); }).find("small_max_slots=5000"),
+            std::string::npos);
+}
+
+// Every align code path with small inputs, fast enough to run under
+// `compute-sanitizer --tool racecheck` (and memcheck, synccheck): the small path, the cluster
+// kernel as one CTA (cluster and plain launch), and as a cluster of several CTAs.
+TEST_F(AlignGpu, RacecheckSmall) {
+  WNA16_REQUIRE_GPU();
+  using T = cuda::AlignTuning;
+  const std::vector<T> paths = {
+      T{.name = "default (small path)"},
+      T{.match_any = true, .name = "small path, match_any"},
+      T{.slots_per_cta = 2048, .pdl = true, .small_max_slots = 0, .name = "one CTA, cluster launch"},
+      T{.slots_per_cta = 2048, .plain_single = true, .pdl = false, .small_max_slots = 0, .name = "one CTA, plain"},
+      T{.slots_per_cta = 64, .pdl = true, .small_max_slots = 0, .name = "cluster of several CTAs"},
+      T{.match_any = true, .slots_per_cta = 64, .pdl = false, .small_max_slots = 0, .name = "cluster, match_any"}};
+  for (const T& t : paths)
+    for (int E : {9, 257})
+      for (int64_t n : {int64_t(0), int64_t(37), int64_t(300)})
+        check_align_case(n, E, 16, Dist::Uniform, rng_, stream_, &t);
 }
 
 TEST_F(AlignGpu, GraphReplayWithNewIdsEqualsEager) {
@@ -517,6 +580,9 @@ std::vector<RoutingConfig> routing_configs() {
       routing(RM::NoauxTc, 64, 6, true, 1, 1, 1.0),
       routing(RM::NoauxTc, 512, 16, true, 16, 8, 1.5),
       routing(RM::NoauxTc, 96, 4, true, 32, 2, 1.0),                 // 32 groups of 3
+      routing(RM::GroupLimitedGreedy, 96, 4, true, 3, 2, 1.0),      // 3 groups: 8 lanes each, 8 idle
+      routing(RM::NoauxTc, 160, 6, true, 5, 2, 2.0),                // 5 groups of 32, E not a power of 2
+      routing(RM::NoauxTc, 1024, 32, true, 4, 2, 1.0),              // widest: 32 values per lane, k = 32
   };
 }
 
@@ -598,6 +664,149 @@ TEST_F(RoutingGpu, GraphReplayWithNewLogitsEqualsEager) {
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+// Decode sizes (one block, one to four warps busy) for every method and dtype.
+TEST_F(RoutingGpu, SmallMEveryMethod) {
+  WNA16_REQUIRE_GPU();
+  for (const RoutingConfig& c : routing_configs())
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16})
+      for (int64_t M : {int64_t(1), int64_t(2), int64_t(3), int64_t(16)}) {
+        const auto bias = make_bias(c.num_experts, rng_);
+        const Logits L = make_logits(c, dtype, M, bias, rng_);
+        const RoutingRun got = run_routing(c, dtype, M, L, bias, stream_);
+        expect_routing_matches(c, dtype, M, L, bias, got, "small M");
+      }
+}
+
+// Exact ties at decode sizes, DeepSeek-V3 included: integer logits (ties inside and across groups),
+// all-equal rows, and rows where only two values occur.
+TEST_F(RoutingGpu, SmallMTies) {
+  WNA16_REQUIRE_GPU();
+  for (const RoutingConfig& c : routing_configs())
+    for (int64_t M : {int64_t(1), int64_t(2), int64_t(3), int64_t(16)}) {
+      const int E = c.num_experts;
+      std::vector<float> bias(size_t(E), 0.f);
+      Logits L;
+      L.f32.resize(size_t(M * E));
+      std::uniform_int_distribution<int> small(0, 3), two(0, 1);
+      for (int64_t m = 0; m < M; ++m)
+        for (int e = 0; e < E; ++e)
+          L.f32[size_t(m * E + e)] = m == 0 ? 0.5f : m % 2 ? float(small(rng_)) : float(two(rng_));
+      const RoutingRun got = run_routing(c, DType::F32, M, L, bias, stream_);
+      expect_routing_matches(c, DType::F32, M, L, bias, got, "small-M ties");
+      for (int j = 0; j < c.top_k; ++j) EXPECT_EQ(got.ids[size_t(j)], j) << describe(c) << " all-equal row";
+    }
+}
+
+// The best experts all held by one lane (experts l, l + 32, l + 64, ...): the most candidates the
+// top-k step can see (k lane maxima, each lane with up to E / 32 candidates). Softmax and
+// group_limited only: their ids are exact on any input (noaux_tc near-ties are fp32 rounding).
+TEST_F(RoutingGpu, TopChoicesInOneLane) {
+  WNA16_REQUIRE_GPU();
+  for (const RoutingConfig& c : routing_configs()) {
+    if (c.method == RoutingMethod::NoauxTc) continue;
+    const int E = c.num_experts;
+    const int64_t M = 5;
+    const std::vector<float> bias(size_t(E), 0.f);
+    Logits L = make_logits(c, DType::F32, M, bias, rng_);
+    for (int64_t m = 0; m < M; ++m) {
+      const int lane = int(m * 7 % 32);
+      // Decreasing along the lane, far above the random values; all equal (ties) when m == 4.
+      for (int e = lane, j = 0; e < E; e += 32, ++j) L.f32[size_t(m * E + e)] = m == 4 ? 12.f : 20.f - 0.25f * float(j);
+    }
+    const RoutingRun got = run_routing(c, DType::F32, M, L, bias, stream_);
+    expect_routing_matches(c, DType::F32, M, L, bias, got, "one lane");
+  }
+}
+
+// The layer's routing launch: [M, top_k + S] with the S shared slices appended (id E + s, weight 1
+// or sigmoid(gate_logit[m])), launched with programmatic dependent launch.
+TEST_F(RoutingGpu, SharedSlotsAppended) {
+  WNA16_REQUIRE_GPU();
+  using RM = RoutingMethod;
+  for (const RoutingConfig& c : {routing(RM::NoauxTc, 256, 8, true, 8, 4, 2.5), routing(RM::SoftmaxTopK, 60, 4, false),
+                                 routing(RM::GroupLimitedGreedy, 64, 6, false, 1, 1, 1.0)})
+    for (int S : {0, 1, 4, 40})
+      for (bool gated : {false, true})
+        for (int64_t M : {int64_t(1), int64_t(3), int64_t(16), int64_t(118)}) {
+          const int E = c.num_experts, k = c.top_k, k2 = k + S;
+          const auto bias = make_bias(E, rng_);
+          const Logits L = make_logits(c, DType::F32, M, bias, rng_);
+          std::vector<float> gate(static_cast<size_t>(M));
+          std::normal_distribution<float> nd(0.f, 2.f);
+          for (auto& g : gate) g = nd(rng_);
+          DevBuf<float> lf(static_cast<size_t>(M * E)), db(static_cast<size_t>(E)), dg(static_cast<size_t>(M)),
+              w(static_cast<size_t>(M * k2));
+          DevBuf<int32_t> ids(static_cast<size_t>(M * k2));
+          lf.upload(L.f32);
+          db.upload(bias);
+          dg.upload(gate);
+          ids.poison();
+          w.poison();
+          cuda::launch_routing_with_shared(c, lf.p, M, c.method == RM::NoauxTc ? db.p : nullptr, gated ? dg.p : nullptr,
+                                           S, ids.p, w.p, stream_);
+          CUDA_OK(cudaStreamSynchronize(stream_));
+          const auto gi = ids.download();
+          const auto gw = w.download();
+          RoutingRun routed;
+          for (int64_t m = 0; m < M; ++m)
+            for (int j = 0; j < k; ++j) {
+              routed.ids.push_back(gi[size_t(m * k2 + j)]);
+              routed.weights.push_back(gw[size_t(m * k2 + j)]);
+            }
+          const std::string what = "S=" + std::to_string(S) + (gated ? " gated" : "");
+          expect_routing_matches(c, DType::F32, M, L, bias, routed, what);
+          for (int64_t m = 0; m < M; ++m)
+            for (int s2 = 0; s2 < S; ++s2) {
+              const double want = gated ? 1.0 / (1.0 + std::exp(-double(gate[size_t(m)]))) : 1.0;
+              EXPECT_EQ(gi[size_t(m * k2 + k + s2)], E + s2) << what << " M=" << M << " m=" << m;
+              EXPECT_NEAR(gw[size_t(m * k2 + k + s2)], want, 1e-6 * want) << what << " M=" << M << " m=" << m;
+            }
+        }
+}
+
+// The layer's chain routing -> align (both programmatic dependent launches) captured in a graph,
+// replayed on new logits: equal to the reference routing and align_reference of its ids.
+TEST_F(RoutingGpu, GraphReplayOfRoutingAndAlignChain) {
+  WNA16_REQUIRE_GPU();
+  const RoutingConfig c = routing(RoutingMethod::NoauxTc, 256, 8, true, 8, 4, 2.5);
+  const int E = 256, k = 8, S = 1, k2 = k + S, E2 = E + S, block_m = 16;
+  for (int64_t M : {int64_t(1), int64_t(16), int64_t(200)}) {  // small path, small path, cluster
+    const int64_t n = M * k2;
+    const auto bias = make_bias(E, rng_);
+    DevBuf<float> logits(static_cast<size_t>(M * E)), db(static_cast<size_t>(E)), w(static_cast<size_t>(n));
+    AlignBuffers a(n, E2, block_m);
+    db.upload(bias);
+    logits.upload(make_logits(c, DType::F32, M, bias, rng_).f32);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    cuda::launch_routing_with_shared(c, logits.p, M, db.p, nullptr, S, a.ids.p, w.p, stream_);
+    cuda::launch_align(a.ids.p, n, E2, block_m, a.sorted.p, a.experts.p, a.post.p, stream_);
+    CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      const Logits L = make_logits(c, DType::F32, M, bias, rng_);
+      logits.upload(L.f32);
+      a.ids.poison();
+      a.poison();
+      w.poison();
+      CUDA_OK(cudaGraphLaunch(exec, stream_));
+      CUDA_OK(cudaStreamSynchronize(stream_));
+      const auto ids2 = a.ids.download();
+      const Routing ref = route_reference(c, L.f32.data(), M, bias.data());
+      std::vector<int32_t> want(static_cast<size_t>(n));
+      for (int64_t m = 0; m < M; ++m) {
+        for (int j = 0; j < k; ++j) want[size_t(m * k2 + j)] = ref.ids[size_t(m * k + j)];
+        want[size_t(m * k2 + k)] = E;
+      }
+      EXPECT_EQ(ids2, want) << "M=" << M << " replay " << rep;
+      EXPECT_EQ(compare_align(a, want, E2, block_m), "") << "M=" << M << " replay " << rep;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
 }
 
 TEST_F(RoutingGpu, RefusesBadArgumentsNamingTheValue) {

@@ -1,8 +1,8 @@
 // CudaMoeLayer: load-time repack of a MoE layer into the fused GEMM layout (moe_gemm.h) and the
 // per-call pipeline on one stream:
-//   router logits (fp32; also zeroes out_f32) -> routing -> [shared-expert slots] -> align
-//   -> GEMM1 (gate/up, SiLU*up, intermediate in act dtype) -> GEMM2 (x routing weight, fp32
-//   atomics into out_f32: the top-k sum and split-K partials) -> cast to act.
+//   router logits (fp32; also zeroes out_f32) -> routing (also appends the shared-expert slots)
+//   -> align -> GEMM1 (gate/up, SiLU*up, intermediate in act dtype) -> GEMM2 (x routing weight,
+//   fp32 atomics into out_f32: the top-k sum and split-K partials) -> cast to act.
 // No allocation and no host synchronisation inside forward(); it can be captured in a CUDA graph.
 //
 // Kernel experts: the E routed experts, then the shared expert(s) cut into S = ceil(shared_inter/I)

@@ -1,9 +1,12 @@
 // Router logits (fp32 accumulation), shared-expert slots and the output cast.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 #include <string>
@@ -14,6 +17,8 @@
 
 namespace wna16::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 template <class T>
 __device__ __forceinline__ float to_f(T v);
@@ -121,6 +126,174 @@ __global__ void __launch_bounds__(kSmallThreads)
   }
 }
 
+// ---- router, M <= 64: H split over a cluster, every router byte read once ---------------------
+// Grid (C, tiles), cluster (C, 1, 1): CTA (c, t) takes router rows [t*R, t*R + R) over the H slice
+// [c*Hs, c*Hs + Hs) and all M tokens; the C partial sums of a logit meet in distributed shared
+// memory and are added in cluster-rank order (deterministic). The CTA's 8 warps are WR row groups
+// x WH = 8 / WR parts of the slice; warp (wr, wh) holds rows wr + WR*i (i < RW) of its part in
+// registers (all loads issued at once: one DRAM round trip), x's slice is copied to shared memory
+// (cp.async, raw 16-bit) once per CTA, and the lanes' partial sums of MC = 16 / RW tokens x RW
+// rows are combined by one reduce-scatter butterfly (31 shuffles for 16 sums, not 160).
+// DeepSeek-V3 (E=256, H=7168): R = 16, Hs = 896, 16 x 8 = 128 CTAs, 57 KB of router each.
+// Mixtral (E=8, H=4096): R = 1, Hs = 512 split over 8 warps, 8 x 8 = 64 CTAs.
+constexpr int kSplitThreads = 256;
+constexpr int kSplitWarps = kSplitThreads / 32;
+constexpr int kSplitCluster = 8;   // portable cluster size
+constexpr int kSplitMaxM = 64;
+constexpr int kSplitG = 8;         // float4 router granules per lane and row (a warp part <= 1024 h)
+
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(gmem) : "memory");
+}
+
+template <class T>
+__device__ __forceinline__ void unpack4(uint2 u, float (&f)[4]) {
+  const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if constexpr (std::is_same_v<T, __half>) {
+      const __half2 h = *reinterpret_cast<const __half2*>(&w[i]);
+      const float2 v = __half22float2(h);
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
+    } else {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+}
+
+// v[0..16) summed over the 32 lanes; afterwards lane l holds the sum of v[idx(l)] in v[0], with
+// idx(l) = bits 4..1 of l (lanes 2j and 2j+1 hold the same value).
+template <int N>
+__device__ __forceinline__ void reduce_scatter_step(float (&v)[16], int lane) {
+  if constexpr (N >= 1) {
+    constexpr int off = 2 * N;  // 16, 8, 4, 2 for N = 8, 4, 2, 1
+    const bool up = lane & off;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float send = up ? v[i] : v[i + N];
+      const float keep = up ? v[i + N] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+    }
+    reduce_scatter_step<N / 2>(v, lane);
+  }
+}
+__device__ __forceinline__ void reduce_scatter16(float (&v)[16], int lane) {
+  reduce_scatter_step<8>(v, lane);
+  v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
+}
+
+template <class T, int RW>
+__global__ void __launch_bounds__(kSplitThreads, 1)
+    router_split_kernel(const T* __restrict__ x, int M, int H, const float* __restrict__ router, int E, int E_ext,
+                        int Hs, int WR, float* __restrict__ logits, float* __restrict__ gate_logit,
+                        float4* __restrict__ zero, int64_t zero_n4) {
+  // The routing kernel (launched with programmatic dependent launch) may get resident now; it
+  // waits for this grid's completion before reading the logits.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  constexpr int MC = 16 / RW;  // tokens per pass: RW x MC = 16 sums per lane
+  extern __shared__ __align__(16) unsigned char smem[];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int C = static_cast<int>(cluster.num_blocks());
+  const int c = static_cast<int>(cluster.block_rank());
+  const int R = WR * RW, WH = kSplitWarps / WR;
+  unsigned short* xs = reinterpret_cast<unsigned short*>(smem);                  // [M][Hs]
+  float* part = reinterpret_cast<float*>(smem + size_t(M) * Hs * 2);             // [WH][M][R]
+  float* red = part + size_t(WH) * M * R;                                        // [M][R]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wr = warp % WR, wh = warp / WR;
+  const int h0 = c * Hs;
+  const int hn = max(0, min(Hs, H - h0));   // valid length of the slice (a multiple of 4)
+  const int sub = Hs / WH;                  // a multiple of 4
+  const int hs0 = wh * sub;                 // this warp's part of the slice
+  const int subn = max(0, min(sub, hn - hs0));
+  const int ng = subn / 4, nq = (ng + 31) / 32;
+  const int row0 = blockIdx.y * R + wr;
+
+  // 1. Router rows into registers: every load of the thread issued before the first use. Invalid
+  //    granules load a clamped (valid) address and are zeroed, so there is no branch between loads.
+  float4 rr[RW][kSplitG];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    const int row = row0 + WR * i;
+    const int64_t base = int64_t(row) * H + h0 + hs0;
+#pragma unroll
+    for (int q = 0; q < kSplitG; ++q) {
+      const int g = q * 32 + lane;
+      const bool ok = row < E_ext && g < ng;
+      const float4 v = __ldg(reinterpret_cast<const float4*>(router + (ok ? base + 4 * g : 0)));
+      rr[i][q] = ok ? v : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  // 2. x's slice into shared memory, asynchronously; the tail past the end of H is zeroed (the
+  //    router there is zero, but garbage could be NaN).
+  const int gs = Hs / 4, gv = hn / 4;
+  for (int i = tid; i < M * gs; i += kSplitThreads) {
+    const int m = i / gs, g = i - m * gs;
+    unsigned short* d = xs + size_t(m) * Hs + 4 * g;
+    if (g < gv) cp_async8(d, x + int64_t(m) * H + h0 + 4 * g);
+    else *reinterpret_cast<uint2*>(d) = make_uint2(0u, 0u);
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  zero_fill(zero, zero_n4);  // after the loads are in flight: the stores only take issue slots
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+
+  // 3. Partial dot products, MC tokens at a time; one reduce-scatter per pass.
+  const int gmax = max(sub / 4 - 1, 0);
+  for (int m0 = 0; m0 < M; m0 += MC) {
+    float acc[RW * MC];
+#pragma unroll
+    for (int v = 0; v < RW * MC; ++v) acc[v] = 0.f;
+#pragma unroll
+    for (int q = 0; q < kSplitG; ++q) {
+      if (q >= nq) continue;  // warp-uniform
+      const int g = min(q * 32 + lane, gmax);  // lanes past the part read a valid, zero-weighted x
+#pragma unroll
+      for (int mm = 0; mm < MC; ++mm) {
+        const int m = min(m0 + mm, M - 1);  // rows past M are computed and dropped: no branch
+        float f[4];
+        unpack4<T>(*reinterpret_cast<const uint2*>(xs + size_t(m) * Hs + hs0 + 4 * g), f);
+#pragma unroll
+        for (int i = 0; i < RW; ++i) {
+          float a = acc[i * MC + mm];
+          a = fmaf(rr[i][q].x, f[0], a);
+          a = fmaf(rr[i][q].y, f[1], a);
+          a = fmaf(rr[i][q].z, f[2], a);
+          a = fmaf(rr[i][q].w, f[3], a);
+          acc[i * MC + mm] = a;
+        }
+      }
+    }
+    reduce_scatter16(acc, lane);
+    const int vi = (lane >> 1) & 15;
+    const int i = vi / MC, mm = vi % MC;
+    if ((lane & 1) == 0 && m0 + mm < M) part[(size_t(wh) * M + m0 + mm) * R + wr + WR * i] = acc[0];
+  }
+  __syncthreads();
+  // 4. The CTA's sum over its warp parts, then the cluster's over the slices (rank order).
+  for (int i = tid; i < M * R; i += kSplitThreads) {
+    float v = 0.f;
+    for (int w = 0; w < WH; ++w) v += part[size_t(w) * M * R + i];
+    red[i] = v;
+  }
+  cluster.sync();
+  for (int i = c * kSplitThreads + tid; i < M * R; i += C * kSplitThreads) {
+    float v[kSplitCluster];
+#pragma unroll
+    for (int r = 0; r < kSplitCluster; ++r) v[r] = r < C ? *cluster.map_shared_rank(red + i, r) : 0.f;
+    float s = 0.f;
+#pragma unroll
+    for (int r = 0; r < kSplitCluster; ++r) s += v[r];
+    const int m = i / R, row = blockIdx.y * R + i % R;
+    if (row < E) logits[int64_t(m) * E + row] = s;
+    else if (row < E_ext) gate_logit[m] = s;
+  }
+  cluster.sync();  // a CTA's shared memory must outlive the other CTAs' reads of it
+}
+
 // ---- router, many tokens: 64 x 64 output tiles through shared memory, 4 x 4 per thread ----------
 constexpr int kTile = 64, kTileK = 32, kTileThreads = 256;
 
@@ -214,6 +387,61 @@ __global__ void cast_kernel(const float4* __restrict__ acc, T* __restrict__ out,
   }
 }
 
+// The split router's shape for (M, H, E_ext): rows per CTA so that about one CTA per SM is busy
+// (16 row tiles x 8 slices on 132 SMs), and whether it fits (a warp part <= 1024 h, shared memory).
+struct SplitPlan {
+  bool ok = false;
+  int RW = 1, WR = 8, R = 8, tiles = 1, Hs = 0;
+  size_t smem = 0;
+};
+constexpr size_t kSplitMaxSmem = 200 * 1024;
+
+SplitPlan plan_split(int64_t M, int64_t H, int E_ext) {
+  SplitPlan p;
+  static std::atomic<int> sm_count{0};
+  int sms = sm_count.load(std::memory_order_relaxed);
+  if (sms == 0) {
+    int dev = 0;
+    WNA16_CUDA_CHECK(cudaGetDevice(&dev));
+    WNA16_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    sm_count.store(sms, std::memory_order_relaxed);
+  }
+  const int target_tiles = std::max(1, sms / kSplitCluster);
+  const int rows = (E_ext + target_tiles - 1) / target_tiles;
+  if (rows <= 1) { p.WR = 1; p.RW = 1; }
+  else if (rows <= 2) { p.WR = 2; p.RW = 1; }
+  else if (rows <= 4) { p.WR = 4; p.RW = 1; }
+  else if (rows <= 8) { p.WR = 8; p.RW = 1; }
+  else if (rows <= 16) { p.WR = 8; p.RW = 2; }
+  else { p.WR = 8; p.RW = 4; }
+  p.R = p.WR * p.RW;
+  p.tiles = (E_ext + p.R - 1) / p.R;
+  const int64_t per = (H + kSplitCluster - 1) / kSplitCluster;
+  p.Hs = int((per + 31) / 32 * 32);
+  const int WH = kSplitWarps / p.WR;
+  p.smem = size_t(M) * p.Hs * 2 + size_t(WH + 1) * M * p.R * 4;
+  p.ok = p.Hs / WH <= 32 * 4 * kSplitG && p.smem <= kSplitMaxSmem && p.tiles <= 65535;
+  return p;
+}
+
+// cudaFuncAttributeMaxDynamicSharedMemorySize for split-router instantiation `slot` (6 of them),
+// once per device. NOTE: may run inside a stream capture: not stream work, so relaxed mode.
+void allow_split_smem(const void* fn, int slot) {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::array<std::atomic<bool>, 6>, kMaxDevices> done{};
+  int dev = 0;
+  WNA16_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) throw Error("router: device ordinal " + std::to_string(dev) + " is too large");
+  std::atomic<bool>& d = done[size_t(dev)][size_t(slot)];
+  if (d.load(std::memory_order_acquire)) return;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSplitMaxSmem));
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  WNA16_CUDA_CHECK(e);
+  d.store(true, std::memory_order_release);
+}
+
 int grid_for(int64_t n, int threads) {
   return int(std::clamp<int64_t>((n + threads - 1) / threads, 1, 4096));
 }
@@ -232,6 +460,29 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* xt = static_cast<const T*>(x);
+    if (M <= kSplitMaxM && reinterpret_cast<uintptr_t>(x) % 8 == 0) {
+      const SplitPlan pl = plan_split(M, H, E_ext);
+      if (pl.ok) {
+        auto k = pl.RW == 1 ? router_split_kernel<T, 1> : pl.RW == 2 ? router_split_kernel<T, 2>
+                                                                      : router_split_kernel<T, 4>;
+        allow_split_smem(reinterpret_cast<const void*>(k), (std::is_same_v<T, __half> ? 0 : 3) + pl.RW / 2);
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = kSplitCluster;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(kSplitCluster, unsigned(pl.tiles));
+        cfg.blockDim = dim3(kSplitThreads);
+        cfg.dynamicSmemBytes = pl.smem;
+        cfg.stream = s;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, xt, int(M), int(H), router, E, E_ext, pl.Hs, pl.WR, logits,
+                                            gate_logit, reinterpret_cast<float4*>(zero), zero_n / 4));
+        return;
+      }
+    }
     if (M <= kSmallMaxM) {
       const dim3 grid(unsigned(E_ext), unsigned((M + kSmallM - 1) / kSmallM));
       if (reinterpret_cast<uintptr_t>(x) % 8 == 0)

@@ -143,7 +143,7 @@ __device__ __forceinline__ void walk_chunk(const int32_t* __restrict__ topk_ids,
   }
 }
 
-// Block-wide inclusive scan of one int per thread (kAlignThreads threads).
+// Block-wide inclusive scan of one int per thread (blockDim.x threads, a multiple of 32).
 __device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -154,13 +154,14 @@ __device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums) {
   if (lane == 31) warp_sums[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    int w = lane < kAlignWarps ? warp_sums[lane] : 0;
+    const int n_warps = static_cast<int>(blockDim.x >> 5);
+    int w = lane < n_warps ? warp_sums[lane] : 0;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
       const int n = __shfl_up_sync(0xffffffffu, w, d);
       if (lane >= d) w += n;
     }
-    if (lane < kAlignWarps) warp_sums[lane] = w;
+    if (lane < n_warps) warp_sums[lane] = w;
   }
   __syncthreads();
   return warp > 0 ? v + warp_sums[warp - 1] : v;
@@ -314,10 +315,13 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
   uint8_t* table = reinterpret_cast<uint8_t*>(table_words);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n_warps = (num_slots + 31) / 32;
+  // blockDim.x: a multiple of 32 covering max(E, num_slots) (the launcher keeps it small at decode:
+  // fewer warps to launch and to pass each barrier; the fill below is spread over whatever is there).
+  const int n_threads = static_cast<int>(blockDim.x);
 
   // As in moe_align_kernel: only the clearing of shared memory overlaps the previous kernel.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  for (int i = tid; i < (n_warps * E + 3) / 4; i += kAlignThreads) table_words[i] = 0;
+  for (int i = tid; i < (n_warps * E + 3) / 4; i += n_threads) table_words[i] = 0;
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   int key = -1;  // ids outside [0, E) take no room and land nowhere
@@ -352,8 +356,8 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
     for (int w = 0; w < warp; ++w) pos += table[w * E + key];
     sorted[pos] = tid;
   }
-  fill_padding_and_blocks(offsets, expert_total, E, block_m, num_slots, padded_cap, num_blocks, warp, kAlignWarps,
-                          tid, kAlignThreads, sorted, expert_ids);
+  fill_padding_and_blocks(offsets, expert_total, E, block_m, num_slots, padded_cap, num_blocks, warp, n_threads / 32,
+                          tid, n_threads, sorted, expert_ids);
   if (tid == 0) *post_padded = offsets[E];
 }
 
@@ -507,7 +511,10 @@ void launch_align_tuned(const int32_t* topk_ids, int64_t num_slots, int E, int b
     const int n_warps = static_cast<int>((num_slots + 31) / 32);
     const size_t smem = (size_t(n_warps) * E + 3) / 4 * 4;
     cudaLaunchAttribute attr[2];
-    const cudaLaunchConfig_t cfg = cluster_config(1, smem, s, attr, false, tuning.pdl);
+    cudaLaunchConfig_t cfg = cluster_config(1, smem, s, attr, false, tuning.pdl);
+    // Only the threads the kernel needs (one per slot and one per expert): at decode with E = 257
+    // that is 9 warps instead of 32.
+    cfg.blockDim = dim3(unsigned((std::max<int64_t>({num_slots, int64_t(E), 1}) + 31) / 32 * 32));
     WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, pick_kernel(kAlignSmallKernels, E, tuning.match_any), topk_ids,
                                         static_cast<int>(num_slots), E, block_m, static_cast<int>(padded_cap),
                                         static_cast<int>(num_blocks), sorted_token_ids, expert_ids,

@@ -60,10 +60,14 @@ struct RouteParams {
   const float* gate_logit;  // [M]: their weight is sigmoid(gate_logit[m]); null: weight 1
 };
 
-__device__ __forceinline__ float load_logit(const void* p, int dtype, int64_t i) {
-  if (dtype == 0) return __ldg(static_cast<const float*>(p) + i);
+// The logits' dtype is a template parameter: a run-time switch put every load in its own branch
+// with the conversion right after it, which made the VPL loads of a lane one dependent DRAM round
+// trip each (DeepSeek-V3: 8, plus 8 more for the bias).
+template <int DT>
+__device__ __forceinline__ float load_logit(const void* p, int64_t i) {
+  if constexpr (DT == 0) return __ldg(static_cast<const float*>(p) + i);
   const unsigned short u = __ldg(static_cast<const unsigned short*>(p) + i);
-  if (dtype == 1) return __uint_as_float(uint32_t(u) << 16);  // bf16 is the top half of an fp32
+  if constexpr (DT == 1) return __uint_as_float(uint32_t(u) << 16);  // bf16 is the top half of an fp32
   return __half2float(__ushort_as_half(u));
 }
 
@@ -116,7 +120,7 @@ struct RouteScratch {
 //  - top-k: T = the k-th best of the 32 lane maxima; every expert in the top k is not beaten by T
 //    (k lane maxima are >= T), and nothing beaten by T beats such an expert, so the top k are the
 //    ranks < k among the candidates not beaten by T (at most k * VPL, usually about k).
-template <int VPL>
+template <int VPL, int DT>
 __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteParams p) {
   __shared__ RouteScratch<VPL> scratch[kRouteWarps];
   // Programmatic dependent launch (no-ops unless the launches carry the attribute): the next
@@ -133,34 +137,45 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
   const int E = p.E;
   const unsigned lt = (1u << lane) - 1u;
 
+  // Every global load of the token is issued here, before the first use: logits, bias, the gate
+  // logit. Addresses are clamped into [0, E) instead of branching, so the loads are unconditional
+  // and all in flight together: one memory round trip for the whole token.
   float key[VPL];  // what is chosen on: the logit, or s + bias
   float val[VPL];  // what the weight is made of: exp(l - max), or s
+  float bia[VPL] = {};
   uint32_t avail = 0;  // bit j: expert j*32+lane exists and may still be chosen
 #pragma unroll
   for (int j = 0; j < VPL; ++j) {
-    const int e = j * 32 + lane;
-    key[j] = -INFINITY;
+    const int e = min(j * 32 + lane, E - 1);
+    key[j] = load_logit<DT>(p.logits, m * E + e);
+    avail |= j * 32 + lane < E ? 1u << j : 0u;
+  }
+  const bool noaux = p.method == kNoaux;
+  if (noaux) {  // one branch around all the bias loads; their uses come later
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) bia[j] = __ldg(p.bias + min(j * 32 + lane, E - 1));
+  }
+  const float gate_logit = p.S > 0 && p.gate_logit != nullptr ? __ldg(p.gate_logit + m) : 0.f;
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) {
+    key[j] = avail >> j & 1 ? key[j] : -INFINITY;
     val[j] = 0.f;
-    if (e < E) {
-      key[j] = load_logit(p.logits, p.dtype, m * E + e);
-      avail |= 1u << j;
-    }
   }
 
   float total = 1.f;  // softmax denominator over all E (only used without renormalisation)
-  if (p.method == kNoaux) {
+  if (noaux) {
 #pragma unroll
     for (int j = 0; j < VPL; ++j) {
       if (avail >> j & 1) {
         const float s = 1.f / (1.f + expf(-key[j]));
         val[j] = s;
-        key[j] = s + __ldg(p.bias + j * 32 + lane);
+        key[j] = s + bia[j];
       }
     }
   }
 #pragma unroll
   for (int j = 0; j < VPL; ++j) key[j] = isnan(key[j]) ? -INFINITY : key[j];
-  if (p.method != kNoaux) {
+  if (!noaux) {
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < VPL; ++j) mx = fmaxf(mx, key[j]);
@@ -300,7 +315,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
   // The S shared-expert slices as extra choices (the layer's append step, fused).
   if (p.S > 0) {
     float sw = 1.f;
-    if (p.gate_logit) sw = 1.0f / (1.0f + expf(-p.gate_logit[m]));
+    if (p.gate_logit) sw = 1.0f / (1.0f + expf(-gate_logit));
     for (int s = lane; s < p.S; s += 32) {
       p.ids[row + p.top_k + s] = E + s;
       p.weights[row + p.top_k + s] = sw;
@@ -308,8 +323,8 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
   }
 }
 
-template <int VPL>
-void launch_vpl(const RouteParams& p, cudaStream_t s, bool pdl) {
+template <int VPL, int DT>
+void launch_vpl_dt(const RouteParams& p, cudaStream_t s, bool pdl) {
   const unsigned blocks = static_cast<unsigned>((p.M + kRouteWarps - 1) / kRouteWarps);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -321,7 +336,14 @@ void launch_vpl(const RouteParams& p, cudaStream_t s, bool pdl) {
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_routing_kernel<VPL>, p));
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_routing_kernel<VPL, DT>, p));
+}
+
+template <int VPL>
+void launch_vpl(const RouteParams& p, cudaStream_t s, bool pdl) {
+  if (p.dtype == 0) launch_vpl_dt<VPL, 0>(p, s, pdl);
+  else if (p.dtype == 1) launch_vpl_dt<VPL, 1>(p, s, pdl);
+  else launch_vpl_dt<VPL, 2>(p, s, pdl);
 }
 
 }  // namespace

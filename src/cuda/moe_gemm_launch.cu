@@ -10,7 +10,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/moe_gemm.h"
-#include "cuda/sm90_wna16_moe_gemm.cuh"
+#include "cuda/sm90_wna16_moe_decode.cuh"
 #include "wna16/error.h"
 
 namespace wna16::cuda {
@@ -71,26 +71,55 @@ int resident_blocks(int bits, int config, DType act) {
   return bps * gemm::device_info().sms;
 }
 
+namespace {
+// The m-blocks the align step is expected to produce (one per distinct expert under uniform
+// routing, plus the blocks their extra tokens fill); the real count is only known on the device.
+int64_t estimate_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm) {
+  const int64_t slots = M * topk;
+  const double p = std::min(1.0, double(topk) / double(std::max<int64_t>(1, E)));
+  const int64_t active = int64_t(std::ceil(double(E) * (1.0 - std::pow(1.0 - p, double(M)))));
+  const int64_t spill = std::max<int64_t>(0, slots - active) / bm;  // blocks beyond one per active expert
+  return std::max<int64_t>(1, std::min<int64_t>(active + spill, (slots + bm - 1) / bm + E));
+}
+
+// Decode kernel: the critical path, in k-chunks, of a work shape on a persistent grid: rounds of
+// resident blocks x (chunks per warp + the ring's fill, paid again by every item).
+struct DecodeShape {
+  int kw = 1;
+  double cost = 0;
+};
+DecodeShape best_decode_kw(int64_t mblocks, int64_t pairs, int64_t splits, int64_t kc_per_split, int64_t resident) {
+  DecodeShape best{1, 1e300};
+  for (int kw : {1, 2, 4}) {
+    if (kw > 1 && kc_per_split < 4 * kw) break;  // keep >= 4 chunks per warp
+    const int64_t blocks = mblocks * (pairs * kw / gemm::kDecodeWarps) * splits;
+    const int64_t rounds = (blocks + resident - 1) / resident;
+    const double cost = double(rounds) * (double(kc_per_split) / kw + gemm::kDecodePF);
+    if (cost < best.cost * (1 - 1e-9)) best = {kw, cost};
+  }
+  return best;
+}
+}  // namespace
+
 int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk) {
   // Work items = m-blocks x n-blocks x splits run on a persistent grid of the resident blocks.
   // The m-block count is only known on the device: estimate it (distinct experts + the tokens'
   // own blocks). Split K so the items fill the resident blocks once, never a little more (a
   // second, nearly empty round would double the time of an issue-bound decode step).
-  const int64_t bm = gemm_config_block_m(config);
-  const int64_t slots = M * topk;
-  const double p = std::min(1.0, double(topk) / double(std::max<int64_t>(1, w.E)));
-  const int64_t active = int64_t(std::ceil(double(w.E) * (1.0 - std::pow(1.0 - p, double(M)))));
-  const int64_t est_mblocks = std::max<int64_t>(1, std::min<int64_t>(active + slots / bm, (slots + bm - 1) / bm + w.E));
+  const int64_t est_mblocks = estimate_mblocks(M, topk, w.E, gemm_config_block_m(config));
   const int64_t resident = resident_blocks(w.bits, config, act);
   const int64_t kc = w.K / PackedGemm::kChunkK;
   if (config == 0 && !w.perm) {
-    // Decode kernel: with 4 warps per tile pair a block is one pair. Split K across blocks too
-    // when the pairs give fewer than two blocks per resident slot (at most 4 rounds of the
-    // 4-way in-block split: >= 16 chunks per split).
-    const int64_t blocks = est_mblocks * (w.NT / 2);
-    if (blocks >= 2 * resident) return 1;
-    const int64_t splits = (2 * resident + blocks - 1) / blocks;
-    return int(std::clamp<int64_t>(std::min<int64_t>(splits, kc / 16), 1, 32));
+    // Decode kernel: the split (with its best in-block K split) of the shortest critical path;
+    // ties go to fewer splits (fewer atomics).
+    int best = 1;
+    double best_cost = 1e300;
+    for (int64_t sp = 1; sp <= 8 && (sp == 1 || kc / sp >= 8); ++sp) {
+      const int64_t per = (kc + sp - 1) / sp;
+      const double cost = best_decode_kw(est_mblocks, w.NT / 2, sp, per, resident).cost;
+      if (cost < best_cost * (1 - 1e-9)) best_cost = cost, best = int(sp);
+    }
+    return best;
   }
   const int64_t nb = w.NT / (kConfigs[config].block_n / 16);
   const int64_t items = est_mblocks * nb;
@@ -175,16 +204,15 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   if (r.config == 0 && !w.perm) {
     // Decode kernel: the fewest warps per tile pair (k-slices summed in shared memory) that give
     // two blocks per resident slot, so the last round of a persistent grid stays short.
-    const int64_t resident = resident_blocks(w.bits, r.config, r.act);
-    const int64_t pair_items = upper * (w.NT / 2) * kp.splits;
-    kp.decode_kw = 1;
     if (r.decode_kw != 0) {
       if (r.decode_kw != 1 && r.decode_kw != 2 && r.decode_kw != 4)
         throw Error("decode_kw=" + std::to_string(r.decode_kw) + " is not 1, 2 or 4");
       kp.decode_kw = r.decode_kw;
+    } else {
+      const int64_t mblocks = r.mb_count >= 0 ? r.mb_count
+                                              : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
+      kp.decode_kw = best_decode_kw(mblocks, w.NT / 2, kp.splits, kp.kc_per_split, resident_blocks(w.bits, r.config, r.act)).kw;
     }
-    while (r.decode_kw == 0 && kp.decode_kw < 4 && pair_items * kp.decode_kw / 4 < 2 * resident && kp.kc_per_split >= 8 * kp.decode_kw)
-      kp.decode_kw *= 2;
   }
   auto s = static_cast<cudaStream_t>(stream);
   if (w.bits == 4) gemm::launch_w4(&kp, r.config, r.act, upper, s);

@@ -18,9 +18,13 @@ namespace wna16::cuda::gemm {
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodePF = 4;             // int4 k-chunks (1 KB of weights each) in flight per warp
-constexpr int kDecodeBM = CfgM8::BLOCK_M;  // tokens per m-block: one 8-wide MMA column
+constexpr int kDecodeBM = CfgM8::BLOCK_M;
+// Blocks per SM the register budget is cut for (4: <= 128 registers, 16 warps per SM).
+#ifndef WNA16_DECODE_MIN_BLOCKS
+#define WNA16_DECODE_MIN_BLOCKS 4
+#endif
+constexpr int kDecodeMinBlocks = WNA16_DECODE_MIN_BLOCKS;  // tokens per m-block: one 8-wide MMA column
 static_assert(kDecodeBM == 8, "one MMA token column per m-block");
-static_assert(kDecodePF % 2 == 0, "the activation ring alternates two slots");
 static_assert(PackedGemm::kTilePad % (2 * kDecodeWarps) == 0, "a block's tile pairs must divide the n-tile padding");
 
 // 16 bytes of a weight stream: read once, so keep it out of L1 (the activations live there).
@@ -32,19 +36,25 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
   return v;
 }
 
-template <class T, int BITS>
-__global__ void __launch_bounds__(kDecodeThreads, 4) wna16_moe_decode_kernel(const KParams p) {
-  constexpr int U = BITS / 4;   // uint4 per lane per tile and k-chunk
-  constexpr int PF = kDecodePF / U;  // k-chunks in flight per warp: the same bytes for int4 and int8
-  constexpr bool kCanDefer = !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>);
+// DEFER: deferred group scaling (group_len a multiple of 64, and not int8 with bf16); else the
+// scale (and zero) is applied per weight.
+template <class T, int BITS, bool DEFER>
+__global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_decode_kernel(const KParams p) {
+  constexpr int U = BITS / 4;         // uint4 per lane per tile and k-chunk
+  constexpr int PF = kDecodePF / U;   // k-chunks in flight per warp: the same bytes for int4 and int8
+  static_assert(!DEFER || !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>), "int8 codes exceed bf16's magic range");
   __shared__ float red[kDecodeWarps][2][4][32];  // partial sums of the k-slices: [warp][tile][reg][lane]
+  // Per-warp rings, PF chunks deep, filled by cp.async: the activations ([token row][16-byte unit],
+  // rows padded to 9 units against bank conflicts) and the scale / zero words of each tile.
+  constexpr int kXRingSlot = kDecodeBM * 9;
+  __shared__ uint4 xs_ring[kDecodeWarps][PF][kDecodeBM][9];
+  __shared__ uint32_t meta_ring[kDecodeWarps][PF][4][32];  // [.][.][scale tile 0, tile 1, zero 0, zero 1][lane]
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tig = lane & 3;
   const int kw = p.decode_kw;                      // warps per tile pair along K
   const int wp = warp / kw, wk = warp % kw;        // pair within the block, k-slice
   const int pairs_per_block = kDecodeWarps / kw;
-  const bool defer = kCanDefer && p.defer_ok;
   const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
   const int nb_count = (p.NT / 2) / pairs_per_block;
   const int64_t total = int64_t(num_mb) * nb_count * p.splits;
@@ -77,50 +87,82 @@ __global__ void __launch_bounds__(kDecodeThreads, 4) wna16_moe_decode_kernel(con
     // This warp's k-chunks: the split's range cut into kw slices (whole groups when deferred).
     const int ks0 = split * p.kc_per_split, ks_end = min(p.KC, ks0 + p.kc_per_split);
     int per = (ks_end - ks0 + kw - 1) / kw;
-    if (defer && p.G > 1) per = (per + p.chunks_per_group - 1) / p.chunks_per_group * p.chunks_per_group;
+    if (DEFER && p.G > 1) per = (per + p.chunks_per_group - 1) / p.chunks_per_group * p.chunks_per_group;
     const int kb = min(ks_end, ks0 + wk * per), ke = min(ks_end, kb + per);
     const int nk = ke - kb;
 
     const int pair = nb * pairs_per_block + wp;
     const int nt0 = 2 * pair;
-    const uint4* wsrc = p.qweight + int64_t(expert) * p.qw_stride + int64_t(nt0) * U * 32 + lane;
-    const int64_t meta0 = int64_t(expert) * p.meta_stride + int64_t(nt0) * 8 + g;
-    auto group_of = [&](int k) { return p.G == 1 ? 0 : (p.group_shift >= 0 ? k >> p.group_shift : k / p.group_len); };
-    auto group_ends = [&](int kc) {
-      if (kc + 1 == ke) return true;
-      if (p.G == 1) return false;
-      return p.cpg_shift >= 0 ? ((kc + 1) & ((1 << p.cpg_shift) - 1)) == 0 : (kc + 1) % p.chunks_per_group == 0;
-    };
-
-    // The ring: PF chunks of both tiles' weights (loaded in chunk order, so one running pointer),
-    // and the activations one chunk ahead (L1/L2 hits: a short lead is enough).
-    uint4 wbuf[PF][2 * U], xbuf[2][2];
-    const uint4* wnext = wsrc + int64_t(kb) * wstride;
-    auto load_w = [&](int ring) {
+    // Ring loads, in chunk order (one running pointer per stream). Each lane copies exactly what it
+    // later reads (its B operand's 32 bytes, its rows' meta words), so its own cp.async.wait_group
+    // is the only synchronisation. NOTE: activations and scales need the same lead as the weights:
+    // they come from L2 or DRAM, and a round trip under a full DRAM stream is far longer than one
+    // chunk's work.
+    uint4 wbuf[PF][2 * U];
+    const uint4* wnext = p.qweight + int64_t(expert) * p.qw_stride + int64_t(kb) * wstride + int64_t(nt0) * U * 32 + lane;
+    const uint4* xnext = reinterpret_cast<const uint4*>(xrow ? xrow + kb * 64 : x);
+    uint4* xring = &xs_ring[warp][0][g][2 * tig];
+    uint32_t* mring = &meta_ring[warp][0][0][lane];
+    const uint32_t* sbase = p.scales + int64_t(expert) * p.meta_stride + int64_t(nt0) * 8 + g;
+    const uint32_t* zbase = p.zeros ? p.zeros + (sbase - p.scales) : nullptr;
+    // Group bookkeeping of the loads, advanced one chunk per load (no division in the loop).
+    // DEFER: the chunk's group and its index in the group; the scales are needed (and loaded)
+    // only with the chunk that closes a group or the slice, which sets its ring slot's flush bit.
+    // Else: this lane's group (k = 64 kc + 16 tig) and k's offset in it.
+    int grp, pos, kc_next = kb;
+    unsigned flush = 0;
+    if (DEFER) {
+      grp = kb / p.chunks_per_group;
+      pos = kb - grp * p.chunks_per_group;
+    } else {
+      const int k = kb * 64 + 16 * tig;
+      grp = k / p.group_len;
+      pos = k - grp * p.group_len;
+    }
+    auto load = [&](int ring) {
 #pragma unroll
       for (int u = 0; u < 2 * U; ++u) wbuf[ring][u] = ld_stream16(wnext + u * 32);
       wnext += wstride;
-    };
-    auto load_x = [&](int ring, int kc) {
-      if (xrow) {
-        const uint4* xs = reinterpret_cast<const uint4*>(xrow + kc * 64);
-        xbuf[ring][0] = __ldg(xs);
-        xbuf[ring][1] = __ldg(xs + 1);
+      cp_async16_zfill(xring + ring * kXRingSlot, xnext, xrow != nullptr);
+      cp_async16_zfill(xring + ring * kXRingSlot + 1, xnext + 1, xrow != nullptr);
+      if (xrow) xnext += 8;  // 64 elements
+      const bool closes = !DEFER || pos == p.chunks_per_group - 1 || kc_next == ke - 1;
+      flush = closes ? flush | (1u << ring) : flush & ~(1u << ring);
+      if (closes) {
+        const int64_t off = int64_t(grp) * mstride;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          cp_async4(mring + (ring * 4 + i) * 32, sbase + off + i * 8);
+          if (zbase) cp_async4(mring + (ring * 4 + 2 + i) * 32, zbase + off + i * 8);
+        }
+      }
+      ++kc_next;
+      if (DEFER) {
+        if (++pos == p.chunks_per_group) pos = 0, ++grp;
       } else {
-        xbuf[ring][0] = xbuf[ring][1] = make_uint4(0u, 0u, 0u, 0u);
+        for (pos += 64; pos >= p.group_len; pos -= p.group_len) ++grp;
       }
     };
 #pragma unroll
-    for (int s = 0; s < PF; ++s)
-      if (s < nk) load_w(s);
-    if (nk > 0) load_x(0, kb);
+    for (int s = 0; s < PF; ++s) {
+      if (s < nk) load(s);
+      cp_async_commit();  // one group per chunk, empty past the end (the wait count stays fixed)
+    }
 
-    float acc[2][4], tmp[2][4], xsum[2] = {0.f, 0.f};
+    float acc[2][4];
+    // Deferred mode: raw partial sums of the group, two chains per tile (even / odd k-steps) so
+    // consecutive MMAs do not wait on each other; the tokens' row sums likewise.
+    float tmp[DEFER ? 2 : 1][2][4], xsum[2][2];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][e] = tmp[i][e] = 0.f;
-    uint32_t sc[2] = {0u, 0u}, zc[2] = {p.default_zero, p.default_zero};  // the current group's meta
+      for (int e = 0; e < 4; ++e) {
+        acc[i][e] = 0.f;
+        tmp[0][i][e] = 0.f;
+        if constexpr (DEFER) tmp[1][i][e] = 0.f;
+      }
+    xsum[0][0] = xsum[0][1] = xsum[1][0] = xsum[1][1] = 0.f;
+    const float zsym = magic_value<T>() + float(1 << (BITS - 1));  // magic + zero point, symmetric
     const uint32_t one = ones2<T>();
     const uint32_t ones[4] = {one, one, one, one};
 
@@ -129,7 +171,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 4) wna16_moe_decode_kernel(con
       for (int s = 0; s < PF; ++s) {
         const int kt = k0 + s;
         if (kt >= nk) break;
-        const int kc = kb + kt;
+        cp_async_wait<PF - 1>();  // this chunk's activations (and scales) have landed
+        const uint4 xb[2] = {xring[s * kXRingSlot], xring[s * kXRingSlot + 1]};
         uint32_t wq[2][4 * U];
 #pragma unroll
         for (int i = 0; i < 2; ++i)
@@ -141,64 +184,53 @@ __global__ void __launch_bounds__(kDecodeThreads, 4) wna16_moe_decode_kernel(con
             wq[i][4 * u + 2] = v.z;
             wq[i][4 * u + 3] = v.w;
           }
-        const uint4 xb[2] = {xbuf[s & 1][0], xbuf[s & 1][1]};
-        if (kt + PF < nk) load_w(s);  // refill this ring slot while the chunk computes
-        if (kt + 1 < nk) load_x((s + 1) & 1, kc + 1);
 
-        if (kCanDefer && defer) {
-          if constexpr (kCanDefer) {
-            // The group's scales (and zeros): loaded at its first chunk, used at its last.
-            const bool group_starts =
-                p.cpg_shift >= 0 ? (kc & ((1 << p.cpg_shift) - 1)) == 0 : kc % p.chunks_per_group == 0;
-            if (kt == 0 || (p.G > 1 && group_starts)) {
-              const int64_t off = meta0 + int64_t(group_of(kc * 64)) * mstride;
+        if constexpr (DEFER) {
 #pragma unroll
-              for (int i = 0; i < 2; ++i) {
-                sc[i] = __ldg(p.scales + off + i * 8);
-                if (p.zeros) zc[i] = __ldg(p.zeros + off + i * 8);
+          for (int h = 0; h < 2; ++h) {
+            // Row sums of the tokens (the zero-point correction), from an all-ones A operand.
+            float d[4] = {xsum[h][0], xsum[h][1], 0.f, 0.f};
+            Act<T>::mma(d, ones, xb[h].x, xb[h].y);
+            Act<T>::mma(d, ones, xb[h].z, xb[h].w);
+            xsum[h][0] = d[0];
+            xsum[h][1] = d[1];
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+              for (int jj = 0; jj < 2; ++jj) {
+                uint32_t a[4];
+                raw_codes<T, BITS>(wq[i], 2 * h + jj, a);
+                Act<T>::mma(tmp[jj][i], a, jj ? xb[h].z : xb[h].x, jj ? xb[h].w : xb[h].y);
               }
-            }
+          }
+          if (flush >> s & 1) {
+            // acc += s * (sum (magic + q) x - (magic + z) * sum x), per weight row and token.
+            const float x0 = xsum[0][0] + xsum[1][0], x1 = xsum[0][1] + xsum[1][1];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              // Row sums of the tokens (the zero-point correction), from an all-ones A operand.
-              float d[4] = {xsum[0], xsum[1], 0.f, 0.f};
-              Act<T>::mma(d, ones, xb[h].x, xb[h].y);
-              Act<T>::mma(d, ones, xb[h].z, xb[h].w);
-              xsum[0] = d[0];
-              xsum[1] = d[1];
-#pragma unroll
-              for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int jj = 0; jj < 2; ++jj) {
-                  uint32_t a[4];
-                  raw_codes<T, BITS>(wq[i], 2 * h + jj, a);
-                  Act<T>::mma(tmp[i], a, jj ? xb[h].z : xb[h].x, jj ? xb[h].w : xb[h].y);
-                }
-            }
-            if (group_ends(kc)) {
-              // acc += s * (sum (magic + q) x - (magic + z) * sum x), per weight row and token.
-#pragma unroll
-              for (int i = 0; i < 2; ++i) {
-                const float s_lo = f16_lo(sc[i]), s_hi = f16_hi(sc[i]);
-                const float z_lo = magic_value<T>() + float(zc[i] & 0xffffu);
-                const float z_hi = magic_value<T>() + float(zc[i] >> 16);
-                acc[i][0] = fmaf(s_lo, fmaf(-z_lo, xsum[0], tmp[i][0]), acc[i][0]);
-                acc[i][1] = fmaf(s_lo, fmaf(-z_lo, xsum[1], tmp[i][1]), acc[i][1]);
-                acc[i][2] = fmaf(s_hi, fmaf(-z_hi, xsum[0], tmp[i][2]), acc[i][2]);
-                acc[i][3] = fmaf(s_hi, fmaf(-z_hi, xsum[1], tmp[i][3]), acc[i][3]);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) tmp[i][e] = 0.f;
+            for (int i = 0; i < 2; ++i) {
+              const uint32_t sw = mring[(s * 4 + i) * 32];
+              const float s_lo = f16_lo(sw), s_hi = f16_hi(sw);
+              float z_lo = zsym, z_hi = zsym;
+              if (zbase) {
+                const uint32_t zw = mring[(s * 4 + 2 + i) * 32];
+                z_lo = magic_value<T>() + float(zw & 0xffffu);
+                z_hi = magic_value<T>() + float(zw >> 16);
               }
-              xsum[0] = xsum[1] = 0.f;
+              acc[i][0] = fmaf(s_lo, fmaf(-z_lo, x0, tmp[0][i][0] + tmp[1][i][0]), acc[i][0]);
+              acc[i][1] = fmaf(s_lo, fmaf(-z_lo, x1, tmp[0][i][1] + tmp[1][i][1]), acc[i][1]);
+              acc[i][2] = fmaf(s_hi, fmaf(-z_hi, x0, tmp[0][i][2] + tmp[1][i][2]), acc[i][2]);
+              acc[i][3] = fmaf(s_hi, fmaf(-z_hi, x1, tmp[0][i][3] + tmp[1][i][3]), acc[i][3]);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) tmp[0][i][e] = tmp[1][i][e] = 0.f;
             }
+            xsum[0][0] = xsum[0][1] = xsum[1][0] = xsum[1][1] = 0.f;
           }
         } else {
           // Per-weight dequantisation with the scale of this lane's 16 k (one group).
-          const int64_t off = meta0 + int64_t(group_of(kc * 64 + 16 * tig)) * mstride;
           TileMeta<T, BITS> meta[2];
 #pragma unroll
           for (int i = 0; i < 2; ++i)
-            meta[i].load(__ldg(p.scales + off + i * 8), p.zeros ? __ldg(p.zeros + off + i * 8) : p.default_zero);
+            meta[i].load(mring[(s * 4 + i) * 32], zbase ? mring[(s * 4 + 2 + i) * 32] : p.default_zero);
 #pragma unroll
           for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -210,8 +242,12 @@ __global__ void __launch_bounds__(kDecodeThreads, 4) wna16_moe_decode_kernel(con
                 Act<T>::mma(acc[i], a, jj ? xb[h].z : xb[h].x, jj ? xb[h].w : xb[h].y);
               }
         }
+        // Refill this ring slot now that its weights, activations and scales are consumed.
+        if (kt + PF < nk) load(s);
+        cp_async_commit();
       }
     }
+    cp_async_wait<0>();  // nothing in flight into the rings before the next item reuses them
 
     // Token columns 2*tig and 2*tig + 1 of the C fragment (shuffles by every lane, before branching).
     const int slot0 = __shfl_sync(0xffffffffu, slot, 2 * tig);
@@ -265,25 +301,42 @@ __global__ void __launch_bounds__(kDecodeThreads, 4) wna16_moe_decode_kernel(con
 }
 
 // Blocks of the decode kernel resident per SM (cached per instantiation).
-template <class T, int BITS>
-int prepare_decode() {
+template <class T, int BITS, bool DEFER>
+int prepare_decode_variant() {
   static int bps = 0;
   static std::once_flag once;
   std::call_once(once, [] {
-    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, wna16_moe_decode_kernel<T, BITS>,
+    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, wna16_moe_decode_kernel<T, BITS, DEFER>,
                                                                    kDecodeThreads, 0));
     if (bps < 1) throw Error("the decode kernel cannot be resident on this device");
   });
   return bps;
 }
+// Deferred scaling cannot hold int8 codes with bf16: that pair only has the per-weight variant.
+template <class T, int BITS>
+constexpr bool kDecodeCanDefer = !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>);
 
-// kp.decode_kw must be set (choose_decode_kw). A persistent grid of at most the resident blocks.
+template <class T, int BITS>
+int prepare_decode() {
+  const int a = prepare_decode_variant<T, BITS, false>();
+  if constexpr (kDecodeCanDefer<T, BITS>) return std::min(a, prepare_decode_variant<T, BITS, true>());
+  return a;
+}
+
+// kp.decode_kw must be set (launch_moe_gemm chooses it). A persistent grid of at most the resident blocks.
 template <class T, int BITS>
 void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream) {
   const int64_t resident = int64_t(prepare_decode<T, BITS>()) * device_info().sms;
   const int64_t items = upper_mblocks * ((kp.NT / 2) / (kDecodeWarps / kp.decode_kw)) * kp.splits;
   const int64_t grid = std::max<int64_t>(1, std::min(items, resident));
-  wna16_moe_decode_kernel<T, BITS><<<dim3(unsigned(grid)), dim3(kDecodeThreads), 0, stream>>>(kp);
+  if constexpr (kDecodeCanDefer<T, BITS>) {
+    if (kp.defer_ok) {
+      wna16_moe_decode_kernel<T, BITS, true><<<dim3(unsigned(grid)), dim3(kDecodeThreads), 0, stream>>>(kp);
+      WNA16_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
+  wna16_moe_decode_kernel<T, BITS, false><<<dim3(unsigned(grid)), dim3(kDecodeThreads), 0, stream>>>(kp);
   WNA16_CUDA_CHECK_LAUNCH();
 }
 

@@ -499,6 +499,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
 
   d.set_gemm2(r, acc, w2, ws, L);
   r.splits = choose_splits(d.g2, config, act, M, d.k2);
+  r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail
   launch_moe_gemm(d.g2, r, st);
   stage_done("GEMM2 (down)", st);
 

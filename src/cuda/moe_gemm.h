@@ -121,6 +121,10 @@ struct GemmRun {
   int64_t mb_count = -1;          // < 0: all m-blocks, count read on the device from num_tokens_post_padded
   int splits = 1;                 // split-K (WeightedSum only)
   int decode_kw = 0;              // decode kernel (config m8): warps per tile pair along K, 1/2/4; 0: chosen
+  // Launch as a programmatic dependent of the previous kernel in the stream: the decode kernel
+  // streams its first weights while that kernel finishes and waits for it before reading x.
+  // Ignored (a plain launch) by the staged kernels, which read x from the start.
+  bool overlap_previous = false;
 };
 
 int gemm_config_count();

@@ -201,6 +201,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   const int64_t bm = gemm_config_block_m(r.config);
   const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
   const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
+  kp.pdl = r.overlap_previous ? 1 : 0;
   if (r.config == 0 && !w.perm) {
     // Decode kernel: the fewest warps per tile pair (k-slices summed in shared memory) that give
     // two blocks per resident slot, so the last round of a persistent grid stays short.

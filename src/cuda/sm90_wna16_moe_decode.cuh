@@ -50,6 +50,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   __shared__ uint4 xs_ring[kDecodeWarps][PF][kDecodeBM][9];
   __shared__ uint32_t meta_ring[kDecodeWarps][PF][4][32];  // [.][.][scale tile 0, tile 1, zero 0, zero 1][lane]
 
+  // Programmatic dependent launch (no-ops without the launch attribute): the next kernel may
+  // start its weight prefetch now; and this grid waits for the previous one only before its
+  // first read of x (below), so its first weights stream while that kernel finishes.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  bool waited = false;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tig = lane & 3;
   const int kw = p.decode_kw;                      // warps per tile pair along K
@@ -119,10 +124,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       grp = k / p.group_len;
       pos = k - grp * p.group_len;
     }
-    auto load = [&](int ring) {
+    auto load_w = [&](int ring) {
 #pragma unroll
       for (int u = 0; u < 2 * U; ++u) wbuf[ring][u] = ld_stream16(wnext + u * 32);
       wnext += wstride;
+    };
+    auto load_x_meta = [&](int ring) {
       cp_async16_zfill(xring + ring * kXRingSlot, xnext, xrow != nullptr);
       cp_async16_zfill(xring + ring * kXRingSlot + 1, xnext + 1, xrow != nullptr);
       if (xrow) xnext += 8;  // 64 elements
@@ -144,8 +151,15 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       }
     };
 #pragma unroll
+    for (int s = 0; s < PF; ++s)
+      if (s < nk) load_w(s);
+    if (!waited) {  // x may be the previous kernel's output
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+      waited = true;
+    }
+#pragma unroll
     for (int s = 0; s < PF; ++s) {
-      if (s < nk) load(s);
+      if (s < nk) load_x_meta(s);
       cp_async_commit();  // one group per chunk, empty past the end (the wait count stays fixed)
     }
 
@@ -243,7 +257,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
               }
         }
         // Refill this ring slot now that its weights, activations and scales are consumed.
-        if (kt + PF < nk) load(s);
+        if (kt + PF < nk) load_w(s), load_x_meta(s);
         cp_async_commit();
       }
     }
@@ -329,15 +343,22 @@ void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   const int64_t resident = int64_t(prepare_decode<T, BITS>()) * device_info().sms;
   const int64_t items = upper_mblocks * ((kp.NT / 2) / (kDecodeWarps / kp.decode_kw)) * kp.splits;
   const int64_t grid = std::max<int64_t>(1, std::min(items, resident));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(kDecodeThreads);
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = kp.pdl ? 1 : 0;
   if constexpr (kDecodeCanDefer<T, BITS>) {
     if (kp.defer_ok) {
-      wna16_moe_decode_kernel<T, BITS, true><<<dim3(unsigned(grid)), dim3(kDecodeThreads), 0, stream>>>(kp);
-      WNA16_CUDA_CHECK_LAUNCH();
+      WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, true>, kp));
       return;
     }
   }
-  wna16_moe_decode_kernel<T, BITS, false><<<dim3(unsigned(grid)), dim3(kDecodeThreads), 0, stream>>>(kp);
-  WNA16_CUDA_CHECK_LAUNCH();
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, false>, kp));
 }
 
 }  // namespace wna16::cuda::gemm

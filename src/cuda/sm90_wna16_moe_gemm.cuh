@@ -267,6 +267,7 @@ struct KParams {
   int cpg_shift;         // log2(chunks_per_group) when a power of two, else -1
   int group_shift;       // log2(group_len) when a power of two, else -1 (shifts, not divisions)
   int decode_kw;         // decode kernel only: warps sharing a tile pair along K (1, 2, 4)
+  int pdl;               // decode kernel only: launched as a programmatic dependent
 };
 
 template <class CFG, int BITS>

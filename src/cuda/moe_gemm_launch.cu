@@ -194,6 +194,17 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     return (int64_t(1) << sh) == v ? sh : -1;
   };
   kp.cpg_shift = log2_or_neg(kp.chunks_per_group);
+  static const bool no_static = std::getenv("WNA16_NO_STATIC_GROUPS") != nullptr;  // A/B switch
+  kp.static_groups = 0;
+  if (!no_static && r.config == 0 && !w.perm && kp.defer_ok &&
+      (w.bits == 4 ? gemm::decode_static_cpg<4>(kp.chunks_per_group) : gemm::decode_static_cpg<8>(kp.chunks_per_group)) &&
+      kp.KC % kp.chunks_per_group == 0) {
+    // The decode kernel's static-group variants want whole groups per split (fewer splits if need be).
+    const int cpg = kp.chunks_per_group;
+    kp.kc_per_split = (kp.kc_per_split + cpg - 1) / cpg * cpg;
+    kp.splits = (kp.KC + kp.kc_per_split - 1) / kp.kc_per_split;
+    kp.static_groups = 1;
+  }
   kp.group_shift = log2_or_neg(w.group_len);
   // A tight bound on the m-blocks the align step can produce: every active expert pads at most
   // one partial block, so blocks <= ceil(slots / BLOCK_M) + min(E, slots) (usually far below
@@ -201,7 +212,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   const int64_t bm = gemm_config_block_m(r.config);
   const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
   const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
-  kp.pdl = r.overlap_previous ? 1 : 0;
+  static const bool no_pdl = std::getenv("WNA16_NO_GEMM_PDL") != nullptr;  // A/B switch
+  kp.pdl = r.overlap_previous && !no_pdl ? 1 : 0;
   if (r.config == 0 && !w.perm) {
     // Decode kernel: the fewest warps per tile pair (k-slices summed in shared memory) that give
     // two blocks per resident slot, so the last round of a persistent grid stays short.

@@ -23,7 +23,13 @@ constexpr int kDecodeBM = CfgM8::BLOCK_M;
 #ifndef WNA16_DECODE_MIN_BLOCKS
 #define WNA16_DECODE_MIN_BLOCKS 4
 #endif
-constexpr int kDecodeMinBlocks = WNA16_DECODE_MIN_BLOCKS;  // tokens per m-block: one 8-wide MMA column
+constexpr int kDecodeMinBlocks = WNA16_DECODE_MIN_BLOCKS;
+// Where the weight ring lives: registers (loads straight to registers) or a per-warp
+// shared-memory ring filled by cp.async (fewer registers, so more warps per SM).
+#ifndef WNA16_DECODE_SMEM_W
+#define WNA16_DECODE_SMEM_W 0
+#endif
+constexpr bool kDecodeSmemW = WNA16_DECODE_SMEM_W != 0;  // tokens per m-block: one 8-wide MMA column
 static_assert(kDecodeBM == 8, "one MMA token column per m-block");
 static_assert(PackedGemm::kTilePad % (2 * kDecodeWarps) == 0, "a block's tile pairs must divide the n-tile padding");
 
@@ -37,23 +43,34 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
 }
 
 // DEFER: deferred group scaling (group_len a multiple of 64, and not int8 with bf16); else the
-// scale (and zero) is applied per weight.
-template <class T, int BITS, bool DEFER>
+// scale (and zero) is applied per weight. CPG (deferred only): the chunks per group when it
+// divides the ring depth, so group boundaries fall on fixed ring slots (slices are then whole
+// groups) and the group bookkeeping, the zeroing of the partial sums and the flush test vanish
+// from the loop; 0: tracked at run time.
+template <class T, int BITS, bool DEFER, int CPG>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_decode_kernel(const KParams p) {
   constexpr int U = BITS / 4;         // uint4 per lane per tile and k-chunk
   constexpr int PF = kDecodePF / U;   // k-chunks in flight per warp: the same bytes for int4 and int8
   static_assert(!DEFER || !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>), "int8 codes exceed bf16's magic range");
-  __shared__ float red[kDecodeWarps][2][4][32];  // partial sums of the k-slices: [warp][tile][reg][lane]
+  static_assert(CPG == 0 || (DEFER && PF % (CPG ? CPG : 1) == 0), "static groups need deferred scaling and CPG | PF");
+  constexpr bool kStaticGroups = CPG != 0;
   // Per-warp rings, PF chunks deep, filled by cp.async: the activations ([token row][16-byte unit],
   // rows padded to 9 units against bank conflicts) and the scale / zero words of each tile.
   constexpr int kXRingSlot = kDecodeBM * 9;
   __shared__ uint4 xs_ring[kDecodeWarps][PF][kDecodeBM][9];
+  // The k-slices' partial sums [tile][reg][lane] of warp w, in w's own activation ring (free once
+  // w's cp.async groups are drained at the end of an item).
+  auto red = [&](int w) { return reinterpret_cast<float*>(&xs_ring[w][0][0][0]); };
+  static_assert(sizeof(xs_ring[0]) >= 2 * 4 * 32 * sizeof(float), "partial sums fit in a warp's ring");
   __shared__ uint32_t meta_ring[kDecodeWarps][PF][4][32];  // [.][.][scale tile 0, tile 1, zero 0, zero 1][lane]
+  __shared__ uint4 w_ring[kDecodeSmemW ? kDecodeWarps : 1][kDecodeSmemW ? PF : 1][2 * U][32];  // kDecodeSmemW only
 
-  // Programmatic dependent launch (no-ops without the launch attribute): the next kernel may
-  // start its weight prefetch now; and this grid waits for the previous one only before its
-  // first read of x (below), so its first weights stream while that kernel finishes.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // Programmatic dependent launch (no-ops without the launch attribute): this grid waits for the
+  // previous one only before its first read of x (below), so its first weights stream while that
+  // kernel finishes. The dependents are released only after this block's last output (end of
+  // the kernel). NOTE: released at the start instead, a graph replay read stale x in GEMM2 (H200,
+  // CudaLayer.GraphCaptureReplayWithNewInputs); writes made after the trigger are not promised to
+  // be visible there.
   bool waited = false;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tig = lane & 3;
@@ -92,7 +109,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     // This warp's k-chunks: the split's range cut into kw slices (whole groups when deferred).
     const int ks0 = split * p.kc_per_split, ks_end = min(p.KC, ks0 + p.kc_per_split);
     int per = (ks_end - ks0 + kw - 1) / kw;
-    if (DEFER && p.G > 1) per = (per + p.chunks_per_group - 1) / p.chunks_per_group * p.chunks_per_group;
+    if (DEFER && (kStaticGroups || p.G > 1)) per = (per + p.chunks_per_group - 1) / p.chunks_per_group * p.chunks_per_group;
     const int kb = min(ks_end, ks0 + wk * per), ke = min(ks_end, kb + per);
     const int nk = ke - kb;
 
@@ -103,7 +120,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     // is the only synchronisation. NOTE: activations and scales need the same lead as the weights:
     // they come from L2 or DRAM, and a round trip under a full DRAM stream is far longer than one
     // chunk's work.
-    uint4 wbuf[PF][2 * U];
+    uint4 wbuf[kDecodeSmemW ? 1 : PF][2 * U];
     const uint4* wnext = p.qweight + int64_t(expert) * p.qw_stride + int64_t(kb) * wstride + int64_t(nt0) * U * 32 + lane;
     const uint4* xnext = reinterpret_cast<const uint4*>(xrow ? xrow + kb * 64 : x);
     uint4* xring = &xs_ring[warp][0][g][2 * tig];
@@ -115,7 +132,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     // only with the chunk that closes a group or the slice, which sets its ring slot's flush bit.
     // Else: this lane's group (k = 64 kc + 16 tig) and k's offset in it.
     int grp, pos, kc_next = kb;
-    unsigned flush = 0;
+    unsigned flush = 0, starts = 0;  // run-time groups: ring slots whose chunk closes / opens a group
     if (DEFER) {
       grp = kb / p.chunks_per_group;
       pos = kb - grp * p.chunks_per_group;
@@ -126,15 +143,25 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
     auto load_w = [&](int ring) {
 #pragma unroll
-      for (int u = 0; u < 2 * U; ++u) wbuf[ring][u] = ld_stream16(wnext + u * 32);
+      for (int u = 0; u < 2 * U; ++u) {
+        if constexpr (kDecodeSmemW) cp_async16(&w_ring[warp][ring][u][lane], wnext + u * 32);
+        else wbuf[ring][u] = ld_stream16(wnext + u * 32);
+      }
       wnext += wstride;
     };
     auto load_x_meta = [&](int ring) {
       cp_async16_zfill(xring + ring * kXRingSlot, xnext, xrow != nullptr);
       cp_async16_zfill(xring + ring * kXRingSlot + 1, xnext + 1, xrow != nullptr);
       if (xrow) xnext += 8;  // 64 elements
-      const bool closes = !DEFER || pos == p.chunks_per_group - 1 || kc_next == ke - 1;
-      flush = closes ? flush | (1u << ring) : flush & ~(1u << ring);
+      bool closes;
+      if constexpr (kStaticGroups) {
+        closes = ring % (CPG ? CPG : 1) == (CPG ? CPG : 1) - 1;
+      } else {
+        closes = !DEFER || pos == p.chunks_per_group - 1 || kc_next == ke - 1;
+        const bool opens = pos == 0 || kc_next == kb;
+        flush = closes ? flush | (1u << ring) : flush & ~(1u << ring);
+        starts = opens ? starts | (1u << ring) : starts & ~(1u << ring);
+      }
       if (closes) {
         const int64_t off = int64_t(grp) * mstride;
 #pragma unroll
@@ -192,7 +219,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         for (int i = 0; i < 2; ++i)
 #pragma unroll
           for (int u = 0; u < U; ++u) {
-            const uint4 v = wbuf[s][i * U + u];
+            const uint4 v = kDecodeSmemW ? w_ring[warp][s][i * U + u][lane] : wbuf[kDecodeSmemW ? 0 : s][i * U + u];
             wq[i][4 * u + 0] = v.x;
             wq[i][4 * u + 1] = v.y;
             wq[i][4 * u + 2] = v.z;
@@ -200,6 +227,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
           }
 
         if constexpr (DEFER) {
+          if (kStaticGroups ? s % (CPG ? CPG : 1) == 0 : (starts >> s & 1)) {  // a new group's partial sums
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) tmp[0][i][e] = tmp[1][i][e] = 0.f;
+            xsum[0][0] = xsum[0][1] = xsum[1][0] = xsum[1][1] = 0.f;
+          }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             // Row sums of the tokens (the zero-point correction), from an all-ones A operand.
@@ -217,7 +251,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
                 Act<T>::mma(tmp[jj][i], a, jj ? xb[h].z : xb[h].x, jj ? xb[h].w : xb[h].y);
               }
           }
-          if (flush >> s & 1) {
+          if (kStaticGroups ? s % (CPG ? CPG : 1) == (CPG ? CPG : 1) - 1 : (flush >> s & 1)) {
             // acc += s * (sum (magic + q) x - (magic + z) * sum x), per weight row and token.
             const float x0 = xsum[0][0] + xsum[1][0], x1 = xsum[0][1] + xsum[1][1];
 #pragma unroll
@@ -234,10 +268,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
               acc[i][1] = fmaf(s_lo, fmaf(-z_lo, x1, tmp[0][i][1] + tmp[1][i][1]), acc[i][1]);
               acc[i][2] = fmaf(s_hi, fmaf(-z_hi, x0, tmp[0][i][2] + tmp[1][i][2]), acc[i][2]);
               acc[i][3] = fmaf(s_hi, fmaf(-z_hi, x1, tmp[0][i][3] + tmp[1][i][3]), acc[i][3]);
-#pragma unroll
-              for (int e = 0; e < 4; ++e) tmp[0][i][e] = tmp[1][i][e] = 0.f;
             }
-            xsum[0][0] = xsum[0][1] = xsum[1][0] = xsum[1][1] = 0.f;
           }
         } else {
           // Per-weight dequantisation with the scale of this lane's 16 k (one group).
@@ -270,15 +301,15 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 #pragma unroll
       for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) red[warp][i][e][lane] = acc[i][e];
+        for (int e = 0; e < 4; ++e) red(warp)[(i * 4 + e) * 32 + lane] = acc[i][e];
       __syncthreads();
       if (wk == 0)
         for (int w = 1; w < kw; ++w)
 #pragma unroll
           for (int i = 0; i < 2; ++i)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][e] += red[warp + w][i][e][lane];
-      __syncthreads();  // red is free for the next item
+            for (int e = 0; e < 4; ++e) acc[i][e] += red(warp + w)[(i * 4 + e) * 32 + lane];
+      __syncthreads();  // the rings are free for the next item
       if (wk != 0) continue;
     }
 
@@ -312,15 +343,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       }
     }
   }
+  __threadfence();  // this thread's outputs are visible device-wide ...
+  __syncthreads();  // ... for every thread of the block, before the dependents are released
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
 // Blocks of the decode kernel resident per SM (cached per instantiation).
-template <class T, int BITS, bool DEFER>
+template <class T, int BITS, bool DEFER, int CPG>
 int prepare_decode_variant() {
   static int bps = 0;
   static std::once_flag once;
   std::call_once(once, [] {
-    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, wna16_moe_decode_kernel<T, BITS, DEFER>,
+    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG>,
                                                                    kDecodeThreads, 0));
     if (bps < 1) throw Error("the decode kernel cannot be resident on this device");
   });
@@ -330,10 +364,21 @@ int prepare_decode_variant() {
 template <class T, int BITS>
 constexpr bool kDecodeCanDefer = !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>);
 
+// The chunks per group the static-group variants exist for (those dividing the ring depth).
+template <int BITS>
+constexpr bool decode_static_cpg(int cpg) {
+  return (cpg == 1 || cpg == 2 || cpg == 4) && (kDecodePF / (BITS / 4)) % cpg == 0;
+}
+
 template <class T, int BITS>
 int prepare_decode() {
-  const int a = prepare_decode_variant<T, BITS, false>();
-  if constexpr (kDecodeCanDefer<T, BITS>) return std::min(a, prepare_decode_variant<T, BITS, true>());
+  int a = prepare_decode_variant<T, BITS, false, 0>();
+  if constexpr (kDecodeCanDefer<T, BITS>) {
+    a = std::min(a, prepare_decode_variant<T, BITS, true, 0>());
+    a = std::min(a, prepare_decode_variant<T, BITS, true, 1>());
+    a = std::min(a, prepare_decode_variant<T, BITS, true, 2>());
+    if constexpr (decode_static_cpg<BITS>(4)) a = std::min(a, prepare_decode_variant<T, BITS, true, 4>());
+  }
   return a;
 }
 
@@ -354,11 +399,20 @@ void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   cfg.numAttrs = kp.pdl ? 1 : 0;
   if constexpr (kDecodeCanDefer<T, BITS>) {
     if (kp.defer_ok) {
-      WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, true>, kp));
+      // Static groups need every slice to be whole groups: the split's chunk count a multiple of
+      // the group's (launch_moe_gemm rounds it).
+      const bool stat = kp.static_groups && decode_static_cpg<BITS>(kp.chunks_per_group) &&
+                        kp.kc_per_split % kp.chunks_per_group == 0;
+      const int cpg = stat ? kp.chunks_per_group : 0;
+      auto kern = cpg == 1   ? wna16_moe_decode_kernel<T, BITS, true, 1>
+                  : cpg == 2 ? wna16_moe_decode_kernel<T, BITS, true, 2>
+                  : cpg == 4 ? wna16_moe_decode_kernel<T, BITS, true, decode_static_cpg<BITS>(4) ? 4 : 0>
+                             : wna16_moe_decode_kernel<T, BITS, true, 0>;
+      WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, kp));
       return;
     }
   }
-  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, false>, kp));
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, false, 0>, kp));
 }
 
 }  // namespace wna16::cuda::gemm

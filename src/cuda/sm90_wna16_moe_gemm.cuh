@@ -268,6 +268,7 @@ struct KParams {
   int group_shift;       // log2(group_len) when a power of two, else -1 (shifts, not divisions)
   int decode_kw;         // decode kernel only: warps sharing a tile pair along K (1, 2, 4)
   int pdl;               // decode kernel only: launched as a programmatic dependent
+  int static_groups;     // decode kernel only: splits are whole groups, static-group variants allowed
 };
 
 template <class CFG, int BITS>

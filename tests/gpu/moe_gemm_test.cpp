@@ -114,8 +114,8 @@ void run_gemm_case(const GemmCase& c) {
   SCOPED_TRACE(describe(c));
   const int E = 6, topk = 2;
   // H = 576: 36 output tiles in GEMM2, padded to 40 (exercises the n-tile padding); group 128
-  // needs K a multiple of 128, so that case uses H = 384, I = 256.
-  const int64_t H = c.gl == 128 ? 384 : 576, I = c.gl == 128 ? 256 : 192;
+  // needs K a multiple of 128, so that case uses H = 384, I = 256 (group 256: H = 512).
+  const int64_t H = c.gl == 128 ? 384 : c.gl == 256 ? 512 : 576, I = c.gl >= 128 ? 256 : 192;
   const int64_t M = c.M, slots = M * topk;
   const int64_t gl1 = c.gl == 0 ? H : c.gl, gl2 = c.gl == 0 ? I : c.gl;
   const int bm = gemm_config_block_m(c.config);
@@ -252,7 +252,8 @@ TEST(MoeGemm, AllGroupLengthsInt4Bf16) {
 
 // The decode kernel (config m8 without act-order) with every in-block K split and a forced
 // split-K across blocks: slices that end mid-group, empty slices (K = 192: 3 chunks for 4 warps),
-// the per-weight path (group 32, and int8 with bf16), and M = 9 (two m-blocks on one expert).
+// static groups of 1, 2 and 4 chunks (group 64, 128, 256) and run-time ones (one group of K), the
+// per-weight path (group 32, and int8 with bf16), and M = 9 (two m-blocks on one expert).
 TEST(MoeGemm, DecodeKernelEveryKSplit) {
   WNA16_REQUIRE_GPU();
   int i = 0;
@@ -260,9 +261,9 @@ TEST(MoeGemm, DecodeKernelEveryKSplit) {
     for (DType act : {DType::BF16, DType::F16})
       for (int kw : {1, 2, 4})
         for (int splits : {0, 3}) {
-          const int64_t gls[] = {128, 64, 32, 0};
+          const int64_t gls[] = {128, 64, 32, 0, 256};
           const int64_t Ms[] = {1, 3, 9};
-          run_gemm_case({bits, act, gls[i % 4], (i % 3) == 1, 0, Ms[i % 3], kw, splits});
+          run_gemm_case({bits, act, gls[i % 5], (i % 3) == 1, 0, Ms[i % 3], kw, splits});
           ++i;
         }
 }

@@ -65,12 +65,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   __shared__ uint32_t meta_ring[kDecodeWarps][PF][4][32];  // [.][.][scale tile 0, tile 1, zero 0, zero 1][lane]
   __shared__ uint4 w_ring[kDecodeSmemW ? kDecodeWarps : 1][kDecodeSmemW ? PF : 1][2 * U][32];  // kDecodeSmemW only
 
-  // Programmatic dependent launch (no-ops without the launch attribute): this grid waits for the
-  // previous one only before its first read of x (below), so its first weights stream while that
-  // kernel finishes. The dependents are released only after this block's last output (end of
-  // the kernel). NOTE: released at the start instead, a graph replay read stale x in GEMM2 (H200,
-  // CudaLayer.GraphCaptureReplayWithNewInputs); writes made after the trigger are not promised to
-  // be visible there.
+  // Programmatic dependent launch (no-ops without the launch attribute): the next kernel may
+  // start its weight prefetch now (griddepcontrol.wait there still waits for this whole grid and
+  // its writes); and this grid waits for the previous one only before its first read of x
+  // (below), so its first weights stream while that kernel finishes.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   bool waited = false;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tig = lane & 3;
@@ -343,9 +342,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       }
     }
   }
-  __threadfence();  // this thread's outputs are visible device-wide ...
-  __syncthreads();  // ... for every thread of the block, before the dependents are released
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
 // Blocks of the decode kernel resident per SM (cached per instantiation).

@@ -6,6 +6,7 @@
 #include "gpu/gpu_test_util.h"
 
 #ifdef WNA16_HAVE_CUDA
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -250,8 +251,19 @@ TEST(CudaLayer, GraphCaptureReplayWithNewInputs) {
     }
     EXPECT_LT(rel_error(rf.data(), ref.data(), n), layer_tolerance(act)) << "replay, M=" << M;
     EXPECT_LT(rel_error(ef.data(), ref.data(), n), layer_tolerance(act)) << "eager, M=" << M;
-    // fp32 atomics may add in another order: equal up to the last bit of a few outputs.
-    EXPECT_LT(rel_error(rf.data(), ed.data(), n), 1e-2 * layer_tolerance(act)) << "replay vs eager, M=" << M;
+    // fp32 atomics may add in another order (three slots per token here: two experts and the
+    // shared one), so an output may round to the neighbouring bf16 value: every output within one
+    // ulp, and only a few of them differing at all. NOTE: a norm-wise bound does not work at M=3,
+    // where a single flipped output of 768 moves the relative error by ~5e-4.
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float r = rf[size_t(i)], e = ef[size_t(i)];
+      if (r == e) continue;
+      ++differ;
+      const float ulp = std::ldexp(1.0f, std::ilogb(std::max(std::fabs(r), std::fabs(e))) - 7);  // bf16: 8 bits
+      EXPECT_LE(std::fabs(r - e), ulp) << "replay vs eager, M=" << M << " output " << i << ": " << r << " vs " << e;
+    }
+    EXPECT_LE(differ, std::max<int64_t>(8, n / 100)) << "replay vs eager, M=" << M << ": outputs that differ";
     CUDA_OK(cudaGraphExecDestroy(exec));
     CUDA_OK(cudaGraphDestroy(graph));
     CUDA_OK(cudaStreamDestroy(st));

@@ -19,9 +19,17 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodePF = 4;             // int4 k-chunks (1 KB of weights each) in flight per warp
 constexpr int kDecodeBM = CfgM8::BLOCK_M;
-// Blocks per SM the register budget is cut for: <= 128 registers, 16 warps per SM. NOTE: 5 blocks
-// (96 registers) with the weight ring moved to shared memory was slower (docs/perf.md).
-constexpr int kDecodeMinBlocks = 4;  // tokens per m-block: one 8-wide MMA column
+// Blocks per SM the register budget is cut for (4: <= 128 registers, 16 warps per SM).
+#ifndef WNA16_DECODE_MIN_BLOCKS
+#define WNA16_DECODE_MIN_BLOCKS 4
+#endif
+constexpr int kDecodeMinBlocks = WNA16_DECODE_MIN_BLOCKS;
+// Where the weight ring lives: registers (loads straight to registers) or a per-warp
+// shared-memory ring filled by cp.async (fewer registers, so more warps per SM).
+#ifndef WNA16_DECODE_SMEM_W
+#define WNA16_DECODE_SMEM_W 0
+#endif
+constexpr bool kDecodeSmemW = WNA16_DECODE_SMEM_W != 0;  // tokens per m-block: one 8-wide MMA column
 static_assert(kDecodeBM == 8, "one MMA token column per m-block");
 static_assert(PackedGemm::kTilePad % (2 * kDecodeWarps) == 0, "a block's tile pairs must divide the n-tile padding");
 
@@ -55,6 +63,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   auto red = [&](int w) { return reinterpret_cast<float*>(&xs_ring[w][0][0][0]); };
   static_assert(sizeof(xs_ring[0]) >= 2 * 4 * 32 * sizeof(float), "partial sums fit in a warp's ring");
   __shared__ uint32_t meta_ring[kDecodeWarps][PF][4][32];  // [.][.][scale tile 0, tile 1, zero 0, zero 1][lane]
+  __shared__ uint4 w_ring[kDecodeSmemW ? kDecodeWarps : 1][kDecodeSmemW ? PF : 1][2 * U][32];  // kDecodeSmemW only
 
   // Programmatic dependent launch (no-ops without the launch attribute): the next kernel may
   // start its weight prefetch now (griddepcontrol.wait there still waits for this whole grid and
@@ -75,7 +84,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   const int mstride = p.NT * 8;                    // meta words per group
 
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
-    const auto [split, nb, mb] = decode_item(item, p, nb_count);
+    const int split = int(item % p.splits);
+    const int64_t rest = item / p.splits;
+    const int nb = int(rest % nb_count);
+    const int mb = p.mb_begin + int(rest / nb_count);
     const int expert = __ldg(p.expert_ids + mb);
     if (expert < 0) continue;  // block-uniform
     // Lane c < 8 holds token column c's slot (-1: padding); valid columns form a prefix.
@@ -107,7 +119,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     // is the only synchronisation. NOTE: activations and scales need the same lead as the weights:
     // they come from L2 or DRAM, and a round trip under a full DRAM stream is far longer than one
     // chunk's work.
-    uint4 wbuf[PF][2 * U];
+    uint4 wbuf[kDecodeSmemW ? 1 : PF][2 * U];
     const uint4* wnext = p.qweight + int64_t(expert) * p.qw_stride + int64_t(kb) * wstride + int64_t(nt0) * U * 32 + lane;
     const uint4* xnext = reinterpret_cast<const uint4*>(xrow ? xrow + kb * 64 : x);
     uint4* xring = &xs_ring[warp][0][g][2 * tig];
@@ -130,7 +142,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
     auto load_w = [&](int ring) {
 #pragma unroll
-      for (int u = 0; u < 2 * U; ++u) wbuf[ring][u] = ld_stream16(wnext + u * 32);
+      for (int u = 0; u < 2 * U; ++u) {
+        if constexpr (kDecodeSmemW) cp_async16(&w_ring[warp][ring][u][lane], wnext + u * 32);
+        else wbuf[ring][u] = ld_stream16(wnext + u * 32);
+      }
       wnext += wstride;
     };
     auto load_x_meta = [&](int ring) {
@@ -203,7 +218,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         for (int i = 0; i < 2; ++i)
 #pragma unroll
           for (int u = 0; u < U; ++u) {
-            const uint4 v = wbuf[s][i * U + u];
+            const uint4 v = kDecodeSmemW ? w_ring[warp][s][i * U + u][lane] : wbuf[kDecodeSmemW ? 0 : s][i * U + u];
             wq[i][4 * u + 0] = v.x;
             wq[i][4 * u + 1] = v.y;
             wq[i][4 * u + 2] = v.z;

@@ -271,16 +271,6 @@ struct KParams {
   int static_groups;     // decode kernel only: splits are whole groups, static-group variants allowed
 };
 
-// A persistent grid's work item -> (k-split, n-block, m-block); the splits of one output tile
-// are adjacent items.
-struct WorkItem {
-  int split, nb, mb;
-};
-__device__ __forceinline__ WorkItem decode_item(int64_t item, const KParams& p, int nb_count) {
-  const int64_t rest = item / p.splits;
-  return {int(item % p.splits), int(rest % nb_count), p.mb_begin + int(rest / nb_count)};
-}
-
 template <class CFG, int BITS>
 struct Smem {
   static constexpr int U = BITS / 4;  // 16-byte words per lane per chunk
@@ -314,7 +304,10 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
   const T* x = static_cast<const T*>(p.x);
 
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
-    const auto [split, nb, mb] = decode_item(item, p, nb_count);
+    const int split = int(item % p.splits);
+    const int64_t rest = item / p.splits;
+    const int nb = int(rest % nb_count);
+    const int mb = p.mb_begin + int(rest / nb_count);
     const int expert = __ldg(p.expert_ids + mb);
     __syncthreads();  // the previous item is done with s_src / s_slot and every stage buffer
     int is_valid = 0;

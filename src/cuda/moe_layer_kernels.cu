@@ -375,8 +375,12 @@ __global__ void append_shared_kernel(const int32_t* __restrict__ ids, const floa
   }
 }
 
+// A programmatic dependent of the layer's GEMM2: launched while GEMM2 still runs, it waits
+// (griddepcontrol.wait: GEMM2's completion and memory flush) before its first global access. Every
+// thread waits, so the grid completes only after GEMM2 did.
 template <class T>
 __global__ void cast_kernel(const float4* __restrict__ acc, T* __restrict__ out, int64_t n4) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
     const float4 v = acc[i];
     T* o = out + 4 * i;
@@ -520,13 +524,20 @@ void launch_cast_out(const float* acc, void* out, DType act, int64_t n, Stream s
   if (n % 4 != 0) throw Error("cast: n=" + std::to_string(n) + " is not a multiple of 4");
   if (n == 0) return;
   const int threads = 256;
-  auto s = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(grid_for(n / 4, threads)));
+  cfg.blockDim = dim3(threads);
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
   const auto* a4 = reinterpret_cast<const float4*>(acc);
   if (act == DType::BF16)
-    cast_kernel<__nv_bfloat16><<<grid_for(n / 4, threads), threads, 0, s>>>(a4, static_cast<__nv_bfloat16*>(out), n / 4);
+    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cast_kernel<__nv_bfloat16>, a4, static_cast<__nv_bfloat16*>(out), n / 4));
   else
-    cast_kernel<__half><<<grid_for(n / 4, threads), threads, 0, s>>>(a4, static_cast<__half*>(out), n / 4);
-  WNA16_CUDA_CHECK_LAUNCH();
+    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cast_kernel<__half>, a4, static_cast<__half*>(out), n / 4));
 }
 
 }  // namespace wna16::cuda

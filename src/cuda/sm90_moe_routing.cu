@@ -15,12 +15,19 @@
 // Non-finite logits (which the reference refuses; the GPU cannot throw): a NaN key counts as -inf,
 // and ids always stay in [0, E), so a bad token can never send align or the GEMM out of bounds;
 // its weights are then unspecified.
+//
+// Two kernels: moe_routing_kernel (any M; the layer's two-kernel path, followed by the align
+// kernel of sm90_moe_align.cu) and moe_route_align_small_kernel (M <= 64 and at most
+// kAlignSmallMaxSlots slots: routing and align in one CTA, the same outputs bit for bit; see its
+// section below).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "cuda/align_tuning.h"
@@ -451,15 +458,17 @@ void launch_routing_impl(const RoutingConfig& cfg, const void* logits, DType log
 //  4. the routing lanes write their slots' positions from registers: offs[e] + the earlier tokens
 //     of e (popcount of the mask below the token); every thread fills padding, expert_ids and the
 //     sentinel tail. Positions only depend on (expert, slot): deterministic and stable.
-// Threads per CTA at most: 16 warps (128 registers each), 8 for VPL = 32 (its 32 keys and values
-// per lane spill at 128 registers; the two-kernel routing uses ~150).
-constexpr int kFusedMaxThreads = 512;
-constexpr int fused_max_threads(int vpl) { return vpl >= 32 ? 256 : kFusedMaxThreads; }
+// Threads per CTA at most, by the registers a lane needs for its VPL keys and values: 32 warps
+// (64 registers) up to VPL = 8 (E <= 256), 16 warps (128) for VPL = 16, 8 warps for VPL = 32 (which
+// spills at 128 registers; the two-kernel routing uses ~150).
+constexpr int fused_max_threads(int vpl) { return vpl <= 8 ? 1024 : vpl <= 16 ? 512 : 256; }
 constexpr int kFusedMinWarps = 8;       // the fill after routing is spread over at least 256 threads
 constexpr int kFusedMaxTokens = 64;     // one 64-bit token mask per expert
 constexpr int kFusedTokensPerWarp = 2;  // more would serialise the routing: the two-kernel path is faster
 constexpr int kFusedMaxBlockM = 1024;   // keeps the reciprocal divisions below exact (n * d < 2^32)
-constexpr size_t kFusedSmemBudget = 48 * 1024;  // the default dynamic shared memory limit: no attribute
+// Dynamic shared memory at most (set once per device as the kernels' attribute): DeepSeek-V3 at
+// M = 64 takes 32 routing warps x 1.8 KB + 4 KB.
+constexpr size_t kFusedSmemBudget = 96 * 1024;
 
 struct FusedParams {
   const float* logits;      // [M, E] fp32
@@ -825,6 +834,7 @@ FusedPlan plan_fused(const RoutingConfig& cfg, int64_t M, int S, int block_m) {
   pl.off_cnt = pl.off_offs + up8(uint64_t(E2 + 1) * 4);
   pl.off_scratch = (pl.off_cnt + up8(uint64_t(E2) * 4) + 15u) / 16u * 16u;
   pl.nwarps = int(std::min<int64_t>(fused_max_threads(pl.vpl) / 32, std::max<int64_t>(kFusedMinWarps, M)));
+  // (M > 32 needs 32 warps for two tokens each: VPL <= 8)
   if (pl.off_scratch >= kFusedSmemBudget) return pl;
   pl.route_warps = int(std::min<size_t>(size_t(pl.nwarps), (kFusedSmemBudget - pl.off_scratch) / pl.scratch_bytes));
   if (pl.route_warps < 1 || (M + pl.route_warps - 1) / pl.route_warps > kFusedTokensPerWarp) return pl;
@@ -834,6 +844,32 @@ FusedPlan plan_fused(const RoutingConfig& cfg, int64_t M, int S, int block_m) {
 }
 
 uint32_t magic_for(int d) { return d <= 1 ? 0u : uint32_t((uint64_t(1) << 32) / uint64_t(d) + 1); }
+
+using FusedKernel = void (*)(FusedParams);
+constexpr FusedKernel kFusedKernels[] = {moe_route_align_small_kernel<1>, moe_route_align_small_kernel<2>,
+                                         moe_route_align_small_kernel<4>, moe_route_align_small_kernel<8>,
+                                         moe_route_align_small_kernel<16>, moe_route_align_small_kernel<32>};
+
+// cudaFuncAttributeMaxDynamicSharedMemorySize = kFusedSmemBudget on every instantiation, once per
+// device. NOTE: may run inside a stream capture: not stream work, so relaxed capture mode.
+void allow_fused_smem() {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::once_flag, kMaxDevices> once;
+  int dev = 0;
+  WNA16_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices)
+    throw Error("routing+align: device ordinal " + std::to_string(dev) + " is too large");
+  std::call_once(once[size_t(dev)], [] {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    cudaError_t e = cudaSuccess;
+    for (FusedKernel k : kFusedKernels)
+      if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFusedSmemBudget));
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    WNA16_CUDA_CHECK(e);
+  });
+}
 
 }  // namespace
 
@@ -900,14 +936,9 @@ void launch_routing_align_small(const RoutingConfig& cfg, const float* logits, i
   lc.stream = static_cast<cudaStream_t>(stream);
   lc.attrs = attr;
   lc.numAttrs = 1;
-  switch (pl.vpl) {
-    case 1: WNA16_CUDA_CHECK(cudaLaunchKernelEx(&lc, moe_route_align_small_kernel<1>, p)); break;
-    case 2: WNA16_CUDA_CHECK(cudaLaunchKernelEx(&lc, moe_route_align_small_kernel<2>, p)); break;
-    case 4: WNA16_CUDA_CHECK(cudaLaunchKernelEx(&lc, moe_route_align_small_kernel<4>, p)); break;
-    case 8: WNA16_CUDA_CHECK(cudaLaunchKernelEx(&lc, moe_route_align_small_kernel<8>, p)); break;
-    case 16: WNA16_CUDA_CHECK(cudaLaunchKernelEx(&lc, moe_route_align_small_kernel<16>, p)); break;
-    default: WNA16_CUDA_CHECK(cudaLaunchKernelEx(&lc, moe_route_align_small_kernel<32>, p)); break;
-  }
+  const int slot = pl.vpl == 1 ? 0 : pl.vpl == 2 ? 1 : pl.vpl == 4 ? 2 : pl.vpl == 8 ? 3 : pl.vpl == 16 ? 4 : 5;
+  if (pl.smem > 48 * 1024) allow_fused_smem();
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&lc, kFusedKernels[slot], p));
 }
 
 void launch_routing(const RoutingConfig& cfg, const void* logits, DType logits_dtype, int64_t M, const float* bias,

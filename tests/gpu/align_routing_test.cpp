@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -830,6 +831,288 @@ TEST_F(RoutingGpu, RefusesBadArgumentsNamingTheValue) {
               cuda::launch_routing(routing(RM::SoftmaxTopK, 8, 2, true), logits.p, DType::F32, -2, nullptr, ids.p,
                                    w.p, stream_);
             }).find("M=-2"),
+            std::string::npos);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+}
+
+
+// ---- fused routing + align (the layer's decode path) -------------------------------------------
+
+// The outputs of the routing + align step as the layer runs it: fused (one kernel) or the two
+// kernels (routing with the shared slices appended, then align).
+struct ChainOut {
+  std::vector<int32_t> ids2;
+  std::vector<uint32_t> w2_bits;  // weights as bit patterns: the two paths must agree bit for bit
+  std::vector<float> w2;
+  std::vector<int32_t> sorted, experts;
+  int32_t ntpp = 0;
+};
+
+struct ChainCase {
+  RoutingConfig c;
+  int64_t M = 1;
+  int S = 0;
+  bool gated = false;
+  int block_m = 16;
+  std::string name() const {
+    return describe(c) + " M=" + std::to_string(M) + " S=" + std::to_string(S) + (gated ? " gated" : "") +
+           " block_m=" + std::to_string(block_m);
+  }
+};
+
+struct ChainBuffers {
+  DevBuf<float> logits, bias, gate, w2;
+  DevBuf<int32_t> ids2, sorted, experts, post;
+  ChainBuffers(const ChainCase& k)
+      : logits(size_t(k.M * k.c.num_experts)),
+        bias(size_t(k.c.num_experts)),
+        gate(size_t(k.M)),
+        w2(size_t(k.M * (k.c.top_k + k.S))),
+        ids2(size_t(k.M * (k.c.top_k + k.S))),
+        sorted(size_t(max_padded_slots(k.M * (k.c.top_k + k.S), k.c.num_experts + k.S, k.block_m))),
+        experts(size_t(max_align_blocks(k.M * (k.c.top_k + k.S), k.c.num_experts + k.S, k.block_m))),
+        post(1) {}
+  void poison() {
+    w2.poison();
+    ids2.poison();
+    sorted.poison();
+    experts.poison();
+    post.poison();
+  }
+  void launch(const ChainCase& k, bool fused, cudaStream_t s) {
+    const float* b = k.c.method == RoutingMethod::NoauxTc ? bias.p : nullptr;
+    const float* g = k.gated ? gate.p : nullptr;
+    if (fused) {
+      cuda::launch_routing_align_small(k.c, logits.p, k.M, b, g, k.S, ids2.p, w2.p, k.block_m, sorted.p, experts.p,
+                                       post.p, s);
+    } else {
+      cuda::launch_routing_with_shared(k.c, logits.p, k.M, b, g, k.S, ids2.p, w2.p, s);
+      cuda::launch_align(ids2.p, k.M * (k.c.top_k + k.S), k.c.num_experts + k.S, k.block_m, sorted.p, experts.p,
+                         post.p, s);
+    }
+  }
+  ChainOut download() const {
+    ChainOut o;
+    o.ids2 = ids2.download();
+    o.w2 = w2.download();
+    o.w2_bits.resize(o.w2.size());
+    if (!o.w2.empty()) std::memcpy(o.w2_bits.data(), o.w2.data(), o.w2.size() * 4);
+    o.sorted = sorted.download();
+    o.experts = experts.download();
+    o.ntpp = post.download()[0];
+    return o;
+  }
+};
+
+ChainOut run_chain(const ChainCase& k, bool fused, const std::vector<float>& logits, const std::vector<float>& bias,
+                   const std::vector<float>& gate, cudaStream_t s) {
+  ChainBuffers b(k);
+  b.logits.upload(logits);
+  b.bias.upload(bias);
+  b.gate.upload(gate);
+  b.poison();
+  b.launch(k, fused, s);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << k.name();
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess) << k.name();
+  return b.download();
+}
+
+// fused == two kernels bit for bit, and both == the references (route_reference for the routed
+// choices, the shared slots' ids and weights, align_reference of ids2).
+void expect_chain_ok(const ChainCase& k, const ChainOut& fused, const ChainOut& two, const Logits& L,
+                     const std::vector<float>& bias, const std::vector<float>& gate, bool check_reference = true) {
+  const std::string what = k.name();
+  EXPECT_EQ(fused.ids2, two.ids2) << what << ": ids2 differ between the fused and the two-kernel path";
+  EXPECT_EQ(fused.w2_bits, two.w2_bits) << what << ": weights2 differ (bitwise) between the paths";
+  EXPECT_EQ(fused.ntpp, two.ntpp) << what;
+  if (int64_t i = first_mismatch(fused.sorted, two.sorted); i >= 0)
+    ADD_FAILURE() << what << ": sorted_token_ids[" << i << "] fused " << fused.sorted[size_t(i)] << ", two kernels "
+                  << two.sorted[size_t(i)];
+  if (int64_t i = first_mismatch(fused.experts, two.experts); i >= 0)
+    ADD_FAILURE() << what << ": expert_ids[" << i << "] fused " << fused.experts[size_t(i)] << ", two kernels "
+                  << two.experts[size_t(i)];
+  if (!check_reference) return;
+  const int E = k.c.num_experts, kk = k.c.top_k, k2 = kk + k.S;
+  RoutingRun routed;
+  for (int64_t m = 0; m < k.M; ++m)
+    for (int j = 0; j < kk; ++j) {
+      routed.ids.push_back(fused.ids2[size_t(m * k2 + j)]);
+      routed.weights.push_back(fused.w2[size_t(m * k2 + j)]);
+    }
+  expect_routing_matches(k.c, DType::F32, k.M, L, bias, routed, "fused " + what);
+  for (int64_t m = 0; m < k.M; ++m)
+    for (int s2 = 0; s2 < k.S; ++s2) {
+      const double want = k.gated ? 1.0 / (1.0 + std::exp(-double(gate[size_t(m)]))) : 1.0;
+      EXPECT_EQ(fused.ids2[size_t(m * k2 + kk + s2)], E + s2) << what << " m=" << m;
+      EXPECT_NEAR(fused.w2[size_t(m * k2 + kk + s2)], want, 1e-6 * want) << what << " m=" << m;
+    }
+  bool ids_ok = true;
+  for (int32_t id : fused.ids2) ids_ok = ids_ok && id >= 0 && id < E + k.S;
+  ASSERT_TRUE(ids_ok) << what << ": an id outside [0, E + S)";
+  const AlignResult ref = align_reference(fused.ids2.data(), int64_t(fused.ids2.size()), E + k.S, k.block_m);
+  EXPECT_EQ(fused.ntpp, ref.num_tokens_post_padded) << what;
+  EXPECT_EQ(fused.sorted, ref.sorted_token_ids) << what << ": sorted_token_ids differ from align_reference";
+  EXPECT_EQ(fused.experts, ref.expert_ids) << what << ": expert_ids differ from align_reference";
+}
+
+std::vector<float> make_gate(int64_t M, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.f, 2.f);
+  std::vector<float> g(static_cast<size_t>(M));
+  for (auto& v : g) v = nd(rng);
+  return g;
+}
+
+// Every routing variant of routing_configs() (E = 1 .. 1024 with 8, 33, 60, 64, 96, 128, 160, 256,
+// 512), plus E = 60 / 64 / 128 / 256 with shared slices, M in {1, 3, 17, 64}, several block_m:
+// the fused kernel equals the two-kernel path bit for bit and the references. Sizes outside the
+// fused kernel's range (routing_align_small_fits) are skipped and counted.
+TEST_F(RoutingGpu, FusedRouteAlignMatchesTwoKernelPathAndReference) {
+  WNA16_REQUIRE_GPU();
+  using RM = RoutingMethod;
+  std::vector<RoutingConfig> configs = routing_configs();
+  configs.push_back(routing(RM::SoftmaxTopK, 64, 6, true));
+  configs.push_back(routing(RM::NoauxTc, 128, 8, true, 4, 2, 1.0));
+  int ran = 0, skipped = 0;
+  for (const RoutingConfig& c : configs)
+    for (int variant = 0; variant < 4; ++variant) {
+      // S = 0; 1 plain (DeepSeek); 1 gated (Qwen); 3 gated (a shared expert 3x a routed one).
+      const int S = variant == 0 ? 0 : variant == 3 ? 3 : 1;
+      const bool gated = variant >= 2;
+      for (int64_t M : {int64_t(1), int64_t(3), int64_t(17), int64_t(64)})
+        for (int block_m : {1, 8, 16, 64}) {
+          const ChainCase k{c, M, S, gated, block_m};
+          if (!cuda::routing_align_small_fits(c, M, S, block_m)) {
+            ++skipped;
+            continue;
+          }
+          ++ran;
+          const auto bias = make_bias(c.num_experts, rng_);
+          const Logits L = make_logits(c, DType::F32, M, bias, rng_);
+          const auto gate = make_gate(M, rng_);
+          const ChainOut fused = run_chain(k, true, L.f32, bias, gate, stream_);
+          const ChainOut two = run_chain(k, false, L.f32, bias, gate, stream_);
+          expect_chain_ok(k, fused, two, L, bias, gate);
+          if (HasFailure()) return;  // one case's report is enough
+        }
+    }
+  std::printf("[fused routing+align] %d cases run, %d outside the fused range\n", ran, skipped);
+  EXPECT_GT(ran, 500);
+}
+
+// Exact ties: integer logits, all-equal rows, two-valued rows; bias 0 so noaux_tc ties exactly too.
+TEST_F(RoutingGpu, FusedRouteAlignTies) {
+  WNA16_REQUIRE_GPU();
+  for (const RoutingConfig& c : routing_configs())
+    for (int64_t M : {int64_t(1), int64_t(3), int64_t(17), int64_t(64)}) {
+      const ChainCase k{c, M, 1, false, 16};
+      if (!cuda::routing_align_small_fits(c, M, 1, 16)) continue;
+      const int E = c.num_experts;
+      std::vector<float> bias(size_t(E), 0.f);
+      Logits L;
+      L.f32.resize(size_t(M * E));
+      std::uniform_int_distribution<int> small(0, 3), two(0, 1);
+      for (int64_t m = 0; m < M; ++m)
+        for (int e = 0; e < E; ++e)
+          L.f32[size_t(m * E + e)] = m == 0 ? 0.5f : m % 2 ? float(small(rng_)) : float(two(rng_));
+      const auto gate = make_gate(M, rng_);
+      const ChainOut fused = run_chain(k, true, L.f32, bias, gate, stream_);
+      const ChainOut twok = run_chain(k, false, L.f32, bias, gate, stream_);
+      expect_chain_ok(k, fused, twok, L, bias, gate);
+      for (int j = 0; j < c.top_k; ++j) EXPECT_EQ(fused.ids2[size_t(j)], j) << k.name() << " all-equal row";
+    }
+}
+
+// The most candidates the fused top-k sees: the best experts all in one lane (softmax and
+// group_limited only, whose ids are exact on any input); signed zeros tie with each other.
+TEST_F(RoutingGpu, FusedRouteAlignTopChoicesInOneLaneAndSignedZeros) {
+  WNA16_REQUIRE_GPU();
+  for (const RoutingConfig& c : routing_configs()) {
+    if (c.method == RoutingMethod::NoauxTc) continue;
+    const int E = c.num_experts;
+    for (int64_t M : {int64_t(5), int64_t(17)}) {
+      const ChainCase k{c, M, 0, false, 8};
+      if (!cuda::routing_align_small_fits(c, M, 0, 8)) continue;
+      const std::vector<float> bias(size_t(E), 0.f);
+      Logits L = make_logits(c, DType::F32, M, bias, rng_);
+      for (int64_t m = 0; m < M; ++m) {
+        const int lane = int(m * 7 % 32);
+        for (int e = lane, j = 0; e < E; e += 32, ++j)
+          L.f32[size_t(m * E + e)] = m == 4 ? 12.f : 20.f - 0.25f * float(j);
+        if (m == 3)  // every logit +0 or -0: one big tie, lower index first
+          for (int e = 0; e < E; ++e) L.f32[size_t(m * E + e)] = e % 3 == 0 ? -0.f : 0.f;
+      }
+      const std::vector<float> gate(size_t(M), 0.f);
+      const ChainOut fused = run_chain(k, true, L.f32, bias, gate, stream_);
+      const ChainOut twok = run_chain(k, false, L.f32, bias, gate, stream_);
+      expect_chain_ok(k, fused, twok, L, bias, gate);
+    }
+  }
+}
+
+// Captured in a graph (twice in a row: a kernel-to-kernel programmatic edge too), replayed on new
+// logits with poisoned outputs: equal to the eager two-kernel path and the references.
+TEST_F(RoutingGpu, FusedRouteAlignGraphReplayWithNewLogits) {
+  WNA16_REQUIRE_GPU();
+  using RM = RoutingMethod;
+  const std::vector<ChainCase> cases = {
+      {routing(RM::NoauxTc, 256, 8, true, 8, 4, 2.5), 1, 1, false, 8},  // DeepSeek-V3 decode
+      {routing(RM::NoauxTc, 256, 8, true, 8, 4, 2.5), 17, 1, false, 16},
+      {routing(RM::NoauxTc, 256, 8, true, 8, 4, 2.5), 64, 1, false, 32},
+      {routing(RM::SoftmaxTopK, 8, 2, true), 1, 0, false, 8},           // Mixtral
+      {routing(RM::SoftmaxTopK, 60, 4, false), 3, 4, true, 16},         // Qwen1.5-MoE
+  };
+  for (const ChainCase& k : cases) {
+    ASSERT_TRUE(cuda::routing_align_small_fits(k.c, k.M, k.S, k.block_m)) << k.name();
+    ChainBuffers b(k);
+    const auto bias = make_bias(k.c.num_experts, rng_);
+    b.bias.upload(bias);
+    b.logits.upload(make_logits(k.c, DType::F32, k.M, bias, rng_).f32);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    b.launch(k, true, stream_);
+    b.launch(k, true, stream_);
+    CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 3; ++rep) {
+      const Logits L = make_logits(k.c, DType::F32, k.M, bias, rng_);
+      const auto gate = make_gate(k.M, rng_);
+      b.logits.upload(L.f32);
+      b.gate.upload(gate);
+      b.poison();
+      CUDA_OK(cudaGraphLaunch(exec, stream_));
+      CUDA_OK(cudaStreamSynchronize(stream_));
+      const ChainOut replay = b.download();
+      const ChainOut two = run_chain(k, false, L.f32, bias, gate, stream_);
+      expect_chain_ok(k, replay, two, L, bias, gate);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+}
+
+// The range: M <= 64, slots <= kAlignSmallMaxSlots, block_m <= 1024; outside it the launcher
+// refuses (the layer then takes the two-kernel path).
+TEST_F(RoutingGpu, FusedRouteAlignRange) {
+  WNA16_REQUIRE_GPU();
+  using RM = RoutingMethod;
+  const RoutingConfig v3 = routing(RM::NoauxTc, 256, 8, true, 8, 4, 2.5);
+  EXPECT_TRUE(cuda::routing_align_small_fits(v3, 1, 1, 8));
+  EXPECT_TRUE(cuda::routing_align_small_fits(v3, 64, 1, 64));
+  EXPECT_FALSE(cuda::routing_align_small_fits(v3, 65, 1, 64));
+  EXPECT_FALSE(cuda::routing_align_small_fits(v3, 0, 1, 8));
+  EXPECT_FALSE(cuda::routing_align_small_fits(v3, 1, 1, 2048));
+  EXPECT_FALSE(cuda::routing_align_small_fits(routing(RM::SoftmaxTopK, 64, 32, true), 64, 0, 8));  // 2048 slots
+  EXPECT_TRUE(cuda::routing_align_small_fits(routing(RM::SoftmaxTopK, 8, 2, true), 64, 0, 8));
+  const ChainCase k{v3, 65, 1, false, 16};
+  ChainBuffers b(k);
+  EXPECT_NE(error_of([&] { b.launch(k, true, stream_); }).find("M=65"), std::string::npos);
+  const ChainCase nb{v3, 1, 1, false, 16};
+  ChainBuffers b2(nb);
+  EXPECT_NE(error_of([&] {
+              cuda::launch_routing_align_small(v3, b2.logits.p, 1, nullptr, nullptr, 1, b2.ids2.p, b2.w2.p, 16,
+                                               b2.sorted.p, b2.experts.p, b2.post.p, stream_);
+            }).find("bias"),
             std::string::npos);
   CUDA_OK(cudaStreamSynchronize(stream_));
 }

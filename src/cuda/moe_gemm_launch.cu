@@ -67,8 +67,14 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order) {
   if (per_expert <= 8.0) return 0;
   if (per_expert <= 40.0) return 1;
   // The wgmma kernel (128-token m-blocks) once an expert fills most of one; it has no act-order
-  // gather. NOTE: 96 is a starting point, to be tuned on the GPU.
-  if (per_expert >= 96.0 && !act_order) return kConfigM128W;
+  // gather. NOTE: 96 is a starting point, to be tuned on the GPU. A/B and tuning switches:
+  // WNA16_NO_WGMMA_PREFILL (never m128w), WNA16_PREFILL_MIN_TOKENS=<tokens per expert>.
+  static const bool no_wgmma = std::getenv("WNA16_NO_WGMMA_PREFILL") != nullptr;
+  static const double min_tokens = [] {
+    const char* v = std::getenv("WNA16_PREFILL_MIN_TOKENS");
+    return v && *v ? std::atof(v) : 96.0;
+  }();
+  if (per_expert >= min_tokens && !act_order && !no_wgmma) return kConfigM128W;
   return 2;
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -336,11 +337,13 @@ TEST(MoeGemm, PrefillWgmmaDiagnostics) {
   }
 }
 
+// Host-side only (runs without a GPU too): no CUDA call happens before the refusal.
 TEST(MoeGemm, PrefillRefusesActOrder) {
-  WNA16_REQUIRE_GPU();
   const int config = config_named("m128w");
   ASSERT_GE(config, 0);
-  EXPECT_NE(choose_gemm_config(4096, 8, 256, false), choose_gemm_config(4096, 8, 256, true));
+  if (!std::getenv("WNA16_NO_WGMMA_PREFILL") && !std::getenv("WNA16_PREFILL_MIN_TOKENS")) {
+    EXPECT_EQ(choose_gemm_config(4096, 8, 256, false), config);  // DeepSeek-V3 prefill: ~128 per expert
+  }
   EXPECT_NE(choose_gemm_config(4096, 8, 256, true), config);
   DeviceGemm d;
   d.bits = 4;

@@ -69,6 +69,14 @@ struct Wgmma {
 #include "cuda/sm90_wgmma_rs.inc"
 #endif
 
+// 1 in device code built for sm_90a (wgmma), 0 otherwise: prepare_prefill refuses the config
+// when the image the driver loaded for this GPU has no wgmma (the kernel would only trap).
+#ifdef WNA16_HAVE_WGMMA
+__device__ const int kPrefillHasWgmma = 1;
+#else
+__device__ const int kPrefillHasWgmma = 0;
+#endif
+
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef WNA16_HAVE_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -314,7 +322,7 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
     }
   }
 #else
-  __trap();  // built without sm_90a: the launcher never gets here (prepare_prefill refuses)
+  __trap();  // built without sm_90a: never launched (prepare_prefill refuses, kPrefillHasWgmma)
 #endif
 }
 
@@ -332,6 +340,10 @@ int prepare_prefill() {
       throw Error("tile config m128w needs " + std::to_string(S::kBytes) + " bytes of shared memory; the device allows " +
                   std::to_string(di.max_smem_optin));
     WNA16_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
+    int has_wgmma = 0;
+    WNA16_CUDA_CHECK(cudaMemcpyFromSymbol(&has_wgmma, kPrefillHasWgmma, sizeof(int)));
+    if (!has_wgmma)
+      throw Error("tile config m128w needs the sm_90a build (wgmma); this binary's code for the device has none");
     int n = 0;
     WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, CfgM128W::THREADS, S::kBytes));
     if (n < 1) throw Error("tile config m128w cannot be resident on this device");

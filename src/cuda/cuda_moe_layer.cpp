@@ -443,7 +443,7 @@ void CudaMoeLayer::Impl::check_call(const void* x, const void* out, int64_t M, D
     throw Error(std::string("activation dtype ") + dtype_name(act) + " is not supported by the CUDA layer (f16, bf16)");
   if (M < 0) throw Error(fmt::format("M={} is negative", M));
   if (M * k2 >= (int64_t(1) << 30)) throw Error(fmt::format("M={} tokens x {} slots is too large", M, k2));
-  *config = choose_gemm_config(M, k2, E2);
+  *config = choose_gemm_config(M, k2, E2, g1.perm != nullptr || g1.perm_up != nullptr);
   *L = layout(M, gemm_config_block_m(*config));
   if (M > 0 && (!x || !out)) throw Error("forward: x or out is null");
   if (size_t(L->total) > workspace_size || (M > 0 && !workspace))
@@ -500,8 +500,12 @@ CudaMoeLayer::~CudaMoeLayer() = default;
 
 size_t CudaMoeLayer::workspace_bytes(int64_t max_m) const {
   if (max_m < 0) throw Error(fmt::format("max_m={} is negative", max_m));
-  const int largest = gemm_config_count() - 1;  // the largest BLOCK_M bounds every smaller one
-  return size_t(impl_->layout(max_m, gemm_config_block_m(largest)).total);
+  // The largest BLOCK_M almost always needs the most (padding grows with it, the block table
+  // shrinks): take the maximum over the configs to be exact.
+  int64_t total = 0;
+  for (int c = 0; c < gemm_config_count(); ++c)
+    total = std::max<int64_t>(total, impl_->layout(max_m, gemm_config_block_m(c)).total);
+  return size_t(total);
 }
 
 size_t CudaMoeLayer::weight_bytes() const { return impl_->weight_bytes; }

@@ -150,8 +150,9 @@ struct GemmRun {
 int gemm_config_count();
 int gemm_config_block_m(int config);
 const char* gemm_config_name(int config);
-// The tile config for M tokens routed to E experts with topk slots each.
-int choose_gemm_config(int64_t M, int64_t topk, int64_t E);
+// The tile config for M tokens routed to E experts with topk slots each; act_order: the GEMM
+// gathers x through a perm (some configs have no gather and are never chosen then).
+int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order);
 // Split-K for the WeightedSum GEMM so that the work items fill the resident blocks once.
 int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk);
 

@@ -11,6 +11,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/moe_gemm.h"
 #include "cuda/sm90_wna16_moe_decode.cuh"
+#include "cuda/sm90_wna16_moe_prefill.cuh"
 #include "wna16/error.h"
 
 namespace wna16::cuda {
@@ -41,9 +42,12 @@ constexpr ConfigRow kConfigs[] = {
     {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N},
     {"m32", gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N},
     {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N},
+    {"m128w", gemm::CfgM128W::BLOCK_M, gemm::CfgM128W::BLOCK_N},  // wgmma prefill kernel, no act-order
 };
+constexpr int kConfigM128W = 3;
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
-static_assert(kConfigs[0].block_m < kConfigs[1].block_m && kConfigs[1].block_m < kConfigs[2].block_m,
+static_assert(kConfigs[0].block_m < kConfigs[1].block_m && kConfigs[1].block_m < kConfigs[2].block_m &&
+                  kConfigs[2].block_m < kConfigs[3].block_m,
               "configs are ordered by BLOCK_M; the largest sizes the workspace");
 }  // namespace
 
@@ -54,7 +58,7 @@ int gemm_config_block_m(int config) {
 }
 const char* gemm_config_name(int config) { return kConfigs[std::clamp(config, 0, kNumConfigs - 1)].name; }
 
-int choose_gemm_config(int64_t M, int64_t topk, int64_t E) {
+int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order) {
   // Expected number of experts that receive a token under uniform routing, and tokens per such
   // expert: the MMA's token width should match it (padding is wasted MMA work and registers).
   const double p = std::min(1.0, double(topk) / double(E));
@@ -62,6 +66,15 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E) {
   const double per_expert = double(M) * double(topk) / active;
   if (per_expert <= 8.0) return 0;
   if (per_expert <= 40.0) return 1;
+  // The wgmma kernel (128-token m-blocks) once an expert fills most of one; it has no act-order
+  // gather. NOTE: 96 is a starting point, to be tuned on the GPU. A/B and tuning switches:
+  // WNA16_NO_WGMMA_PREFILL (never m128w), WNA16_PREFILL_MIN_TOKENS=<tokens per expert>.
+  static const bool no_wgmma = std::getenv("WNA16_NO_WGMMA_PREFILL") != nullptr;
+  static const double min_tokens = [] {
+    const char* v = std::getenv("WNA16_PREFILL_MIN_TOKENS");
+    return v && *v ? std::atof(v) : 96.0;
+  }();
+  if (per_expert >= min_tokens && !act_order && !no_wgmma) return kConfigM128W;
   return 2;
 }
 
@@ -118,6 +131,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     throw Error("group length " + std::to_string(w.group_len) + " is not a multiple of 16 dividing K=" +
                 std::to_string(w.K));
   if (r.config < 0 || r.config >= kNumConfigs) throw Error("GEMM config " + std::to_string(r.config) + " does not exist");
+  if (r.config == kConfigM128W && (w.perm || w.perm_up))
+    throw Error(std::string("GEMM config ") + kConfigs[r.config].name + " has no act-order gather (perm): use config m64");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
     throw Error("gate/up GEMM N=" + std::to_string(w.N) + " (2*I) is not a multiple of 32");
   if (r.epilogue == GemmEpilogue::SiluMul && r.splits != 1)

@@ -674,6 +674,21 @@ int prepare_decode();
 template <class T, int BITS>
 void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream);
 
+// The wgmma prefill kernel, config m128w (sm90_wna16_moe_prefill.cuh), explicitly instantiated in
+// sm90_wna16_moe_prefill_w{4,8}.cu.
+template <class T, int BITS>
+int prepare_prefill();
+template <class T, int BITS>
+void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream);
+#define WNA16_PREFILL_EXTERN(T, B)                 \
+  extern template int prepare_prefill<T, B>();     \
+  extern template void launch_prefill<T, B>(const KParams&, int64_t, cudaStream_t);
+WNA16_PREFILL_EXTERN(__half, 4)
+WNA16_PREFILL_EXTERN(__nv_bfloat16, 4)
+WNA16_PREFILL_EXTERN(__half, 8)
+WNA16_PREFILL_EXTERN(__nv_bfloat16, 8)
+#undef WNA16_PREFILL_EXTERN
+
 // kp == nullptr: only prepare the instantiation. Returns the blocks resident per SM (one copy).
 template <int BITS>
 int launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks, cudaStream_t s) {
@@ -700,7 +715,15 @@ int launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks,
       else by_act(CfgM8{});
       return prepare_decode<__half, BITS>();
     case 1: return by_act(CfgM32{});
-    default: return by_act(CfgM64{});
+    case 2: return by_act(CfgM64{});
+    default:
+      // m128w: the wgmma prefill kernel (the launcher refuses act-order for it).
+      if (act == DType::BF16) {
+        if (kp) launch_prefill<__nv_bfloat16, BITS>(*kp, upper_mblocks, s);
+        return prepare_prefill<__nv_bfloat16, BITS>();
+      }
+      if (kp) launch_prefill<__half, BITS>(*kp, upper_mblocks, s);
+      return prepare_prefill<__half, BITS>();
   }
 }
 

@@ -7,6 +7,8 @@
 #ifdef WNA16_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -85,6 +87,7 @@ struct GemmCase {
   int64_t M;
   int decode_warps = 0;  // decode kernel's warps given work (stream-K ranges); 0: the launcher's grid
   int splits = 0;     // GEMM2 split-K; 0: choose_splits
+  bool diag = false;  // print the first mismatching (position, column) entries and a histogram
 };
 
 std::string describe(const GemmCase& c) {
@@ -109,6 +112,40 @@ std::vector<int32_t> random_ids(int64_t M, int topk, int E, uint64_t seed) {
       ids[size_t(m * topk + j)] = e;
     }
   return ids;
+}
+
+// Diagnostics for a layout bug: entries whose error exceeds 5% of the reference's RMS (plus 2% of
+// the entry), the first few with their coordinates, and how the bad ones spread over the token
+// column inside the m-block (mod 128, in groups of 8) and the output column (mod 16).
+struct Coord {
+  int64_t pos, token, expert, col;  // padded position (-1: GEMM2), token, expert (-1: summed), column
+};
+void print_mismatches(const char* what, const std::vector<double>& got, const std::vector<double>& ref,
+                      const std::vector<Coord>& at, int bm) {
+  double rms = 0;
+  for (double v : ref) rms += v * v;
+  rms = std::sqrt(rms / double(std::max<size_t>(1, ref.size())));
+  int64_t bad = 0;
+  int64_t by_tok8[16] = {}, by_col16[16] = {};
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(got[i] - ref[i]);
+    if (!(d <= 0.05 * rms + 0.02 * std::fabs(ref[i]))) {
+      if (bad < 12)
+        std::printf("  %s mismatch: pos %lld token %lld expert %lld col %lld (block col %lld): got %.6g ref %.6g\n", what,
+                    (long long)at[i].pos, (long long)at[i].token, (long long)at[i].expert, (long long)at[i].col,
+                    (long long)(at[i].pos >= 0 ? at[i].pos % bm : -1), got[i], ref[i]);
+      ++bad;
+      if (at[i].pos >= 0) ++by_tok8[(at[i].pos % bm) / 8 % 16];
+      ++by_col16[at[i].col % 16];
+    }
+  }
+  std::printf("  %s: %lld of %zu entries bad (ref rms %.4g)\n", what, (long long)bad, got.size(), rms);
+  if (bad == 0) return;
+  std::printf("  %s bad by block token column / 8:", what);
+  for (int64_t v : by_tok8) std::printf(" %lld", (long long)v);
+  std::printf("\n  %s bad by output column %% 16:", what);
+  for (int64_t v : by_col16) std::printf(" %lld", (long long)v);
+  std::printf("\n");
 }
 
 void run_gemm_case(const GemmCase& c) {
@@ -187,6 +224,7 @@ void run_gemm_case(const GemmCase& c) {
   // GEMM1 check: every valid padded position holds silu(gate)*up of its token and expert.
   const std::vector<uint16_t> inter = d_inter.get<uint16_t>(size_t(max_padded * I));
   std::vector<double> ref1, got1;
+  std::vector<Coord> at1;
   std::vector<uint16_t> inter_in(size_t(max_padded * I), 0);  // GEMM2's input: GPU result, rows in order
   for (int64_t pos = 0; pos < al.num_tokens_post_padded; ++pos) {
     const int32_t slot = al.sorted_token_ids[size_t(pos)];
@@ -203,10 +241,12 @@ void run_gemm_case(const GemmCase& c) {
       ref1.push_back(gsum / (1.0 + std::exp(-gsum)) * usum);
       const uint16_t h = inter[size_t(pos * I + cidx)];
       got1.push_back(from_act(c.act, h));
+      if (c.diag) at1.push_back({pos, t, e, cidx});
       inter_in[size_t(pos * I + cidx)] = h;
     }
   }
   ASSERT_FALSE(ref1.empty());
+  if (c.diag) print_mismatches("GEMM1", got1, ref1, at1, bm);
   for (double v : got1) ASSERT_TRUE(std::isfinite(v)) << "unwritten (NaN-poisoned) intermediate";
   const double tol = layer_tolerance(c.act);
   std::vector<float> got1f(got1.begin(), got1.end());
@@ -236,22 +276,104 @@ void run_gemm_case(const GemmCase& c) {
       ref2[size_t(t * H + n)] += double(tw[size_t(slot)]) * s;
     }
   }
+  if (c.diag) {
+    std::vector<double> got2(out.begin(), out.end());
+    std::vector<Coord> at2;
+    for (int64_t t = 0; t < M; ++t)
+      for (int64_t n = 0; n < H; ++n) at2.push_back({-1, t, -1, n});
+    print_mismatches("GEMM2", got2, ref2, at2, bm);
+  }
   EXPECT_LT(rel_error(out.data(), ref2.data(), M * H), tol) << "GEMM2 (splits " << r.splits << ")";
 }
 
 TEST(MoeGemm, EveryConfigBitsDtypeAndGroup) {
   WNA16_REQUIRE_GPU();
   const int64_t Ms[] = {1, 3, 17, 118};
-  int i = 0;
+  // 128-token m-blocks (config m128w; 4 experts get tokens, ~M/2 each): 300 -> a full block and a
+  // block of ~22 (several m-blocks per expert), 190 -> ~95 (both 64-token halves), 97 -> ~48 (one
+  // half), 41 -> ~20 (a 16- or 32-token wgmma).
+  const int64_t Ms128[] = {300, 190, 97, 41};
+  const int64_t gls[] = {32, 64, 128, 0};
+  int i = 0, j = 0;
   for (int bits : {4, 8})
     for (DType act : {DType::BF16, DType::F16})
       for (int config = 0; config < gemm_config_count(); ++config) {
         // Rotate group lengths / zero points through the cases to keep the suite fast.
-        const int64_t gls[] = {32, 64, 128, 0};
+        if (gemm_config_block_m(config) >= 128) {
+          run_gemm_case({bits, act, gls[j % 4], (j % 2) != 0, config, Ms128[j % 4]});
+          ++j;
+          continue;
+        }
         const GemmCase c{bits, act, gls[i % 4], (i % 3) != 0, config, Ms[i % 4]};
         ++i;
         run_gemm_case(c);
       }
+}
+
+int config_named(const char* name) {
+  for (int c = 0; c < gemm_config_count(); ++c)
+    if (std::string(gemm_config_name(c)) == name) return c;
+  return -1;
+}
+
+// The wgmma prefill kernel (config m128w) with diagnostics: on a mismatch it prints the first bad
+// (padded position, token, column) entries and how the bad ones spread over the token column of
+// the m-block and the output column, so a fragment / swizzle / k-permutation bug shows its pattern
+// from one GPU run. Token counts: several m-blocks per expert, one and both 64-token halves, a
+// 16-token tail; int4 and int8, bf16 and f16, sym and asym, per-lane groups (32) and long ones.
+TEST(MoeGemm, PrefillWgmmaDiagnostics) {
+  WNA16_REQUIRE_GPU();
+  const int config = config_named("m128w");
+  ASSERT_GE(config, 0) << "config m128w is not in the table";
+  const struct {
+    int bits;
+    DType act;
+    int64_t gl;
+    bool zeros;
+    int64_t M;
+  } cases[] = {
+      {4, DType::BF16, 64, false, 300}, {4, DType::F16, 32, true, 190}, {8, DType::BF16, 128, true, 97},
+      {8, DType::F16, 0, false, 257},   {4, DType::BF16, 0, true, 9},
+  };
+  for (const auto& k : cases) {
+    GemmCase c{k.bits, k.act, k.gl, k.zeros, config, k.M};
+    c.diag = true;
+    std::printf("[ prefill ] %s\n", describe(c).c_str());
+    run_gemm_case(c);
+    c.splits = 3;  // split-K of GEMM2 (atomics of partial sums)
+    std::printf("[ prefill ] %s\n", describe(c).c_str());
+    run_gemm_case(c);
+  }
+}
+
+// Host-side only (runs without a GPU too): no CUDA call happens before the refusal.
+TEST(MoeGemm, PrefillRefusesActOrder) {
+  const int config = config_named("m128w");
+  ASSERT_GE(config, 0);
+  if (!std::getenv("WNA16_NO_WGMMA_PREFILL") && !std::getenv("WNA16_PREFILL_MIN_TOKENS")) {
+    EXPECT_EQ(choose_gemm_config(4096, 8, 256, false), config);  // DeepSeek-V3 prefill: ~128 per expert
+  }
+  EXPECT_NE(choose_gemm_config(4096, 8, 256, true), config);
+  DeviceGemm d;
+  d.bits = 4;
+  d.E = 2;
+  d.K = 64;
+  d.N = 128;
+  d.NT = 8;
+  d.group_len = 64;
+  d.G = 1;
+  int dummy = 0;
+  d.qweight = &dummy;
+  d.scales = reinterpret_cast<const uint32_t*>(&dummy);
+  d.perm = &dummy;
+  GemmRun r;
+  r.config = config;
+  try {
+    launch_moe_gemm(d, r, nullptr);
+    FAIL() << "act-order accepted by m128w";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("m128w"), std::string::npos) << e.what();
+  }
 }
 
 TEST(MoeGemm, AllGroupLengthsInt4Bf16) {

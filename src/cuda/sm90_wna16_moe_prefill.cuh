@@ -1,0 +1,368 @@
+// The prefill kernel of the fused MoE GEMM (tile config "m128w"): Hopper wgmma (sm_90a), 128 tokens
+// per m-block, 256 weight rows per block. Same work items, operand roles, dequantisation and
+// epilogues as the staged kernel (sm90_wna16_moe_gemm.cuh); instantiated in
+// sm90_wna16_moe_prefill_w{4,8}.cu. No act-order (the launcher refuses a perm).
+//
+// ---- design ----------------------------------------------------------------------------------
+// Block = 2 consumer warpgroups (256 threads), one block per SM, persistent over items
+// (m-block, n-block, split). n-block = 16 weight tiles (256 rows); warp q (0..3) of warpgroup wg owns
+// tiles nb*16 + wg*8 + 2q and +1 (a gate/up pair in GEMM1, so SiLU(gate)*up stays in the lane). Per
+// 16-k step a warpgroup issues one wgmma m64nNk16 for "tile 0 of each warp" and one for "tile 1":
+// A (64 weight rows = 4 tiles, one per warp) comes from registers, dequantised per weight by each
+// lane exactly as the staged kernel's mma.sync A fragments (TileMeta / dequant: the wgmma A fragment
+// of warp q is the mma.m16n8k16 A fragment of rows 16q..16q+15); B = the block's tokens (K-major,
+// from shared memory). N = the valid tokens of the m-block rounded up to 16 (valid tokens are a
+// prefix of the m-block), so a block with few tokens does little padding work. fp32 accumulators:
+// [2 tiles][N/2 <= 64] per thread.
+//
+// Shared-memory ring (STAGES deep, each stage one 64-k chunk, filled by cp.async from all threads):
+//   x:       128 token rows x 128 bytes, 128-byte swizzled (16-byte unit c of row r at c ^ (r & 7)),
+//            1024-byte aligned: the wgmma B operand. The packed weights permute k inside a chunk
+//            (moe_gemm.h: lane tig's A registers of k-step j hold real k 16*tig + 4j + {0,1} and
+//            {2,3}), so the tokens are stored in the same permuted order: real k-pair rp (0..31) of a
+//            chunk goes to logical pair 8*(rp>>1 & 3) + 4*(rp & 1) + (rp >> 3), i.e. 16-byte unit
+//            rp & 7, word rp >> 3. That is a 4-byte granularity, hence 4-byte cp.async: lane l of a
+//            warp copies pairs (l & 7) + 8c of row (l >> 3) + 4*warp + 32*i, a full 32-byte sector
+//            per row and instruction, bank-conflict free (the word c rotates with the row).
+//            Padding rows are not loaded: they only feed accumulator columns that are discarded.
+//   weights: the block's tiles of the chunk (16 x U x 512 bytes, contiguous in global memory),
+//            read once per stage by each lane (16-byte loads): registers hold only the chunk in use.
+//   scales / zeros: one word per tile and lane (the group of lane tig's 16 k), as the staged kernel.
+// Schedule per chunk kt: wait for its cp.async group, fence.proxy.async (cp.async writes are
+// generic-proxy writes, wgmma reads through the async proxy), __syncthreads, refill the stage of
+// chunk kt-2 with chunk kt+STAGES-2 (every warpgroup finished chunk kt-2's wgmmas before this
+// barrier: it waited on them before dequantising chunk kt-1), read the chunk's codes and scales,
+// wgmma.wait_group 0 (the previous chunk's wgmmas are done with the A registers), dequantise the
+// chunk (2 tiles x 4 k-steps x 4 registers), fence, 8 wgmmas, commit. The two warpgroups drift into
+// a ping-pong: one dequantises while the other's wgmmas run.
+#pragma once
+#include "cuda/sm90_wna16_moe_gemm.cuh"
+
+namespace wna16::cuda::gemm {
+
+// Tile config "m128w" (see moe_gemm_launch.cu's table).
+struct CfgM128W {
+  static constexpr int THREADS = 256;  // 2 warpgroups
+  static constexpr int BLOCK_M = 128;  // tokens per m-block (the align block size)
+  static constexpr int NTB = 16;       // 16-row weight tiles per block
+  static constexpr int BLOCK_N = NTB * 16;
+};
+
+template <int BITS>
+struct PrefillSmem {
+  static constexpr int U = BITS / 4;                 // 16-byte words per lane per tile per chunk
+  static constexpr int STAGES = BITS == 4 ? 6 : 5;   // chunks in the ring (STAGES - 2 in flight)
+  static constexpr int kXBytes = CfgM128W::BLOCK_M * 128;  // 16 KB, multiple of 1024
+  static constexpr int kWBytes = CfgM128W::NTB * U * 32 * 16;
+  static constexpr int kMetaBytes = CfgM128W::NTB * 32 * 4;
+  static constexpr int kStage = kXBytes + kWBytes + 2 * kMetaBytes;
+  static constexpr int kBytes = STAGES * kStage + 1024;  // + slack to align the ring to 1024 bytes
+  static_assert(kStage % 1024 == 0, "every stage's token tile starts on a 1024-byte swizzle atom");
+};
+
+template <int N, class T>
+struct Wgmma {
+  __device__ static void run(float (&d)[64], const uint32_t (&a)[4], uint64_t desc);
+};
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WNA16_HAVE_WGMMA 1
+#include "cuda/sm90_wgmma_rs.inc"
+#endif
+
+// 1 in device code built for sm_90a (wgmma), 0 otherwise: prepare_prefill refuses the config
+// when the image the driver loaded for this GPU has no wgmma (the kernel would only trap).
+#ifdef WNA16_HAVE_WGMMA
+__device__ const int kPrefillHasWgmma = 1;
+#else
+__device__ const int kPrefillHasWgmma = 0;
+#endif
+
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef WNA16_HAVE_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef WNA16_HAVE_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef WNA16_HAVE_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart
+// (stride byte offset), leading byte offset unused for swizzled K-major (encoded 1), base offset 0
+// (the tile starts on a 1024-byte boundary).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
+  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// One k-step's 2 wgmmas (tile 0 and tile 1 of each warp) with N = 16 * NSEL token columns.
+template <int NSEL, class T>
+__device__ __forceinline__ void prefill_mma_step(float (&acc)[2][64], const uint32_t (&a)[2][4], uint64_t desc) {
+#ifdef WNA16_HAVE_WGMMA
+  Wgmma<16 * NSEL, T>::run(acc[0], a[0], desc);
+  Wgmma<16 * NSEL, T>::run(acc[1], a[1], desc);
+#endif
+}
+
+template <class T, int BITS>
+__global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel(const KParams p) {
+#ifdef WNA16_HAVE_WGMMA
+  using S = PrefillSmem<BITS>;
+  constexpr int U = S::U, STAGES = S::STAGES, PF = STAGES - 2;
+  constexpr int BM = CfgM128W::BLOCK_M, NTB = CfgM128W::NTB, THREADS = CfgM128W::THREADS;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ int s_src[BM];   // x row feeding each token column; -1: padding
+  __shared__ int s_slot[BM];  // slot (token * topk + choice) of each column; -1: padding
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  const uint32_t smem_base = smem_addr(smem);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wq = warp & 3;
+  const int g = lane >> 2, tig = lane & 3;
+  const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / BM);
+  const int nb_count = (p.NT + NTB - 1) / NTB;
+  const int64_t total = int64_t(num_mb) * nb_count * p.splits;
+  const T* x = static_cast<const T*>(p.x);
+  // This thread's token rows in the x copy: 32*i + 4*warp + (lane >> 3), i = 0..3; all have the
+  // same row & 7, so the swizzled unit of its pairs (lane & 7) + 8c is the same in every row.
+  const int xr0 = 4 * warp + (lane >> 3), xp8 = lane & 7;
+  const uint32_t xsoff = uint32_t(xr0 * 128 + ((xp8 ^ (xr0 & 7)) << 4));
+
+  for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+    const int split = int(item % p.splits);
+    const int64_t rest = item / p.splits;
+    const int nb = int(rest % nb_count);
+    const int mb = p.mb_begin + int(rest / nb_count);
+    const int expert = __ldg(p.expert_ids + mb);
+    __syncthreads();  // the previous item is done with s_src / s_slot and every stage buffer
+    int is_valid = 0;
+    if (tid < BM) {
+      const int slot = __ldg(p.sorted_ids + int64_t(mb) * BM + tid);
+      is_valid = slot >= 0 && slot < p.num_slots;
+      s_slot[tid] = is_valid ? slot : -1;
+      s_src[tid] = !is_valid ? -1 : (p.epilogue == 0 ? slot / p.topk : mb * BM + tid);
+    }
+    // Valid columns form a prefix (align pads each expert's run at its end).
+    const int nvalid = __syncthreads_count(is_valid);
+    if (expert < 0 || nvalid == 0) continue;  // uniform across the block
+    const int kc0 = split * p.kc_per_split;
+    const int kc_end = min(p.KC, kc0 + p.kc_per_split);
+    const int nk = kc_end - kc0;
+    if (nk <= 0) continue;
+    const int ntiles = min(NTB, p.NT - nb * NTB);  // 16, or 8 in a last n-block (NT is a multiple of 8)
+    const bool wg_active = wg * 8 < ntiles;        // uniform per warpgroup
+
+    const uint4* wexp = p.qweight + int64_t(expert) * p.qw_stride + int64_t(nb) * NTB * U * 32;
+    const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
+    const int mstride = p.NT * 8;                    // meta words per group
+    const int meta_base = int(int64_t(expert) * p.meta_stride + int64_t(nb) * NTB * 8);
+
+    auto load_stage = [&](int kc, int st) {
+      unsigned char* sb = smem + st * S::kStage;
+      // Tokens: pair (lane & 7) + 8c of each row; c rotates with the row (bank-conflict free).
+      // NOTE: the row's source is re-read from s_src per stage (not kept in 8 pointer registers:
+      // the accumulators need them).
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = 32 * i + xr0;
+        if (r >= nvalid) continue;
+        const T* src = x + int64_t(s_src[r]) * p.x_stride + kc * 64 + 2 * xp8;
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) {
+          const int c = (cc + (lane >> 3)) & 3;
+          cp_async4(sb + xsoff + i * 4096 + c * 4, src + 16 * c);
+        }
+      }
+      // Weights: for one k-chunk the block's tiles are contiguous in memory.
+      uint4* sw = reinterpret_cast<uint4*>(sb + S::kXBytes);
+      const uint4* wsrc = wexp + int64_t(kc) * wstride;
+      const int nw = ntiles * U * 32;
+#pragma unroll
+      for (int e = 0; e < 2 * U; ++e) {
+        const int i = tid + e * THREADS;
+        if (i < nw) cp_async16(sw + i, wsrc + i);
+      }
+      // Scales (and zeros) of each lane's group: lane tig covers k in [64*kc + 16*tig, +16).
+      uint32_t* ss = reinterpret_cast<uint32_t*>(sb + S::kXBytes + S::kWBytes);
+      uint32_t* sz = ss + NTB * 32;
+#pragma unroll
+      for (int e = 0; e < (NTB * 32) / THREADS; ++e) {
+        const int i = tid + e * THREADS, ntl = i >> 5, ln = i & 31;
+        if (ntl >= ntiles) continue;
+        const int k = kc * 64 + (ln & 3) * 16;
+        const int grp = p.G == 1 ? 0 : (p.group_shift >= 0 ? k >> p.group_shift : k / p.group_len);
+        const int off = meta_base + grp * mstride + ntl * 8 + (ln >> 2);
+        cp_async4(ss + i, p.scales + off);
+        if (p.zeros) cp_async4(sz + i, p.zeros + off);
+      }
+    };
+
+    const int nsel = (nvalid + 15) >> 4;  // token columns / 16 of the wgmmas (1..8)
+
+#pragma unroll
+    for (int s = 0; s < PF; ++s) {
+      if (s < nk) load_stage(kc0 + s, s);
+      cp_async_commit();
+    }
+    // NOTE: the token width is chosen per k-step by a switch whose every case holds a whole
+    // fence / 2 wgmmas / commit. Tried and rejected (ptxas 13.0 serialised the wgmmas): a switch
+    // around the wgmmas only (C7520, compiler-inserted arrive in a divergent path); one k-loop
+    // copy per width (C7511 / C7512 / C7515: register pressure of the copies, moves at the merge).
+    float acc[2][64];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 64; ++e) acc[i][e] = 0.0f;
+    uint32_t a[2][2][4];  // [k-step buffer][tile][register]
+    int st = 0, st_load = PF;  // stage of chunk kt, stage of chunk kt + PF
+    for (int kt = 0; kt < nk; ++kt) {
+      cp_async_wait<PF - 1>();
+      fence_proxy_async_smem();  // this thread's cp.async data -> visible to the async proxy (wgmma)
+      __syncthreads();           // ... and to every warpgroup; all are past chunk kt-2's wgmmas
+      if (kt + PF < nk) load_stage(kc0 + kt + PF, st_load);
+      cp_async_commit();
+      if (wg_active) {
+        const unsigned char* sb = smem + st * S::kStage;
+        const uint4* sw = reinterpret_cast<const uint4*>(sb + S::kXBytes);
+        const uint32_t* ss = reinterpret_cast<const uint32_t*>(sb + S::kXBytes + S::kWBytes);
+        const uint32_t* sz = ss + NTB * 32;
+        uint32_t wv[2][4 * U];
+        TileMeta<T, BITS> meta[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int ntl = wg * 8 + 2 * wq + i;
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const uint4 v = sw[(ntl * U + u) * 32 + lane];
+            wv[i][4 * u + 0] = v.x;
+            wv[i][4 * u + 1] = v.y;
+            wv[i][4 * u + 2] = v.z;
+            wv[i][4 * u + 3] = v.w;
+          }
+          meta[i].load(ss[ntl * 32 + lane], p.zeros ? sz[ntl * 32 + lane] : p.default_zero);
+        }
+        const uint64_t desc = sw128_desc(smem_base + uint32_t(st * S::kStage));
+        // One commit group per k-step, A registers double-buffered across k-steps: before
+        // dequantising step s into buffer s & 1, wait until at most one group (step s-1) is in
+        // flight, i.e. step s-2 (the buffer's last reader) is done.
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          wgmma_wait<1>();
+#pragma unroll
+          for (int i = 0; i < 2; ++i) dequant<T, BITS>(wv[i], s, meta[i], a[s & 1][i]);
+          switch (nsel) {
+            case 1: wgmma_fence(); prefill_mma_step<1, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
+            case 2: wgmma_fence(); prefill_mma_step<2, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
+            case 3: wgmma_fence(); prefill_mma_step<3, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
+            case 4: wgmma_fence(); prefill_mma_step<4, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
+            case 5: wgmma_fence(); prefill_mma_step<5, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
+            case 6: wgmma_fence(); prefill_mma_step<6, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
+            case 7: wgmma_fence(); prefill_mma_step<7, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
+            default: wgmma_fence(); prefill_mma_step<8, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
+          }
+        }
+      }
+      st = st + 1 == STAGES ? 0 : st + 1;
+      st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
+    }
+    wgmma_wait<0>();
+    cp_async_wait<0>();
+    if (!wg_active) continue;
+
+    // ---- epilogue: accumulator e = 4t + r holds weight row g + 8*(r >> 1) of the warp's tile and
+    // token column 8t + 2*tig + (r & 1) (the mma.m16n8 C layout, repeated along N) ----
+    const int nact = (nvalid + 7) >> 3;  // 8-token column groups holding at least one token
+    const int tile0 = nb * NTB + wg * 8 + 2 * wq;
+    if (p.epilogue == 0) {
+      // Tiles (tile0, tile0 + 1) = gate, up of intermediate columns 16 * (tile0 / 2) + g (+8).
+      const int c_lo = (tile0 / 2) * 16 + g, c_hi = c_lo + 8;
+      if (c_lo < p.N / 2) {
+#pragma unroll
+        for (int t = 0; t < 16; ++t) {
+          if (t >= nact) break;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = t * 8 + 2 * tig + e;
+            if (s_slot[col] < 0) continue;
+            char* row = static_cast<char*>(p.out) + (int64_t(mb) * BM + col) * p.out_stride * int64_t(sizeof(T));
+            Act<T>::store(row + c_lo * sizeof(T), silu(acc[0][4 * t + e]) * acc[1][4 * t + e]);
+            if (c_hi < p.N / 2) Act<T>::store(row + c_hi * sizeof(T), silu(acc[0][4 * t + 2 + e]) * acc[1][4 * t + 2 + e]);
+          }
+        }
+      }
+    } else {
+      float* out = static_cast<float*>(p.out);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int n_lo = (tile0 + i) * 16 + g;
+        if (n_lo >= p.N) continue;
+#pragma unroll
+        for (int t = 0; t < 16; ++t) {
+          if (t >= nact) break;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = t * 8 + 2 * tig + e;
+            const int slot = s_slot[col];
+            if (slot < 0) continue;
+            const float w = __ldg(p.topk_weights + slot);
+            float* orow = out + int64_t(slot / p.topk) * p.out_stride;
+            atomicAdd(orow + n_lo, w * acc[i][4 * t + e]);
+            if (n_lo + 8 < p.N) atomicAdd(orow + n_lo + 8, w * acc[i][4 * t + 2 + e]);
+          }
+        }
+      }
+    }
+  }
+#else
+  __trap();  // built without sm_90a: never launched (prepare_prefill refuses, kPrefillHasWgmma)
+#endif
+}
+
+// Once per instantiation: shared-memory limit and blocks per SM (graph capture never hits a
+// first-use cudaFuncSetAttribute: prepare_moe_gemm calls this at layer construction).
+template <class T, int BITS>
+int prepare_prefill() {
+  using S = PrefillSmem<BITS>;
+  static int blocks_per_sm = 0;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto kern = wna16_moe_prefill_kernel<T, BITS>;
+    const DeviceInfo di = device_info();
+    if (S::kBytes > di.max_smem_optin)
+      throw Error("tile config m128w needs " + std::to_string(S::kBytes) + " bytes of shared memory; the device allows " +
+                  std::to_string(di.max_smem_optin));
+    WNA16_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
+    int has_wgmma = 0;
+    WNA16_CUDA_CHECK(cudaMemcpyFromSymbol(&has_wgmma, kPrefillHasWgmma, sizeof(int)));
+    if (!has_wgmma)
+      throw Error("tile config m128w needs the sm_90a build (wgmma); this binary's code for the device has none");
+    int n = 0;
+    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, CfgM128W::THREADS, S::kBytes));
+    if (n < 1) throw Error("tile config m128w cannot be resident on this device");
+    blocks_per_sm = n;
+  });
+  return blocks_per_sm;
+}
+
+template <class T, int BITS>
+void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream) {
+  using S = PrefillSmem<BITS>;
+  const int bps = prepare_prefill<T, BITS>();
+  const int64_t nb_count = (kp.NT + CfgM128W::NTB - 1) / CfgM128W::NTB;
+  const int64_t upper = upper_mblocks * nb_count * kp.splits;
+  // Up to 4 waves of resident blocks (one item each, the hardware balances uneven SMs); beyond
+  // that the persistent loop.
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, 4 * int64_t(device_info().sms) * bps));
+  wna16_moe_prefill_kernel<T, BITS><<<dim3(unsigned(grid)), dim3(CfgM128W::THREADS), S::kBytes, stream>>>(kp);
+  WNA16_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace wna16::cuda::gemm

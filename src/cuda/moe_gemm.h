@@ -21,12 +21,9 @@
 //          codes in its two 16-bit halves (the lop3 magic-number conversion needs no shuffles).
 //  - int8: 8 words, for step j: word 2j = bytes {(g,k0),(g,k0+1),(g+8,k0),(g+8,k0+1)},
 //          word 2j+1 = the same at k0+2, k0+3 (k0 = 16*tig + 4*j); prmt picks byte pairs.
-// Storage: qweight[e][nt/2][k/64][nt%2][u][lane][4 words] with u in [0, bits/4): tile pairs
-// (gate/up in GEMM1) are K-major, so one pair's whole K range is one contiguous run (1 KB per
-// 64 k for int4): a warp streaming a pair's K range reads DRAM sequentially whatever the other
-// warps do, and each warp-wide 16-byte load reads 512 contiguous bytes. nt runs over NT n-tiles,
-// N padded with zero tiles to a multiple of 8 tiles (128 rows) so any block width of the tile
-// table divides it.
+// Storage: qweight[e][k/64][nt][u][lane][4 words] with u in [0, bits/4): each warp-wide 16-byte
+// load reads 512 contiguous bytes. nt runs over NT n-tiles, N padded with zero tiles to a multiple
+// of 8 tiles (128 rows) so any block width of the tile table divides it.
 // Scales: scales[e][grp][nt][g] = f16 bits of s(row g) | s(row g+8) << 16 (the f16 value of the
 // checkpoint; a BF16 checkpoint scale is rounded to f16). zeros: the same shape with the integer
 // zero points z(row g) | z(row g+8) << 16, present only when some zero differs from 2^(bits-1).
@@ -83,11 +80,6 @@ struct PackedGemm {
   static constexpr int64_t kChunkK = 64;  // k per packed chunk
   static constexpr int64_t kTilePad = 8;  // n-tiles padded to a multiple of this
   int64_t qweight_words_per_expert() const { return (K / kChunkK) * NT * 32 * 4 * (bits / 4); }
-  // Offset, in 16-byte units within one expert, of tile nt's data for k-chunk kc (KC chunks, U
-  // units per lane): the layout above.
-  static constexpr int64_t tile_chunk_uint4(int64_t KC, int U, int64_t kc, int64_t nt) {
-    return (((nt / 2) * KC + kc) * 2 + nt % 2) * U * 32;
-  }
   int64_t meta_words_per_expert() const { return G * NT * 8; }
   void init(int bits, int64_t E, int64_t K, int64_t N, int64_t group_len, bool has_zeros);
 };

@@ -38,7 +38,7 @@ void pack_kernel_linear(const KernelLinear& lin, int64_t e, PackedGemm& pg) {
   auto code = [&](int64_t k, int64_t n) -> uint32_t { return lin.q[size_t(k * Np + n)]; };
   for (int64_t kc = 0; kc < KC; ++kc) {
     for (int64_t nt = 0; nt < NT; ++nt) {
-      uint32_t* tile = qw + PackedGemm::tile_chunk_uint4(KC, U, kc, nt) * 4;
+      uint32_t* tile = qw + ((kc * NT + nt) * U) * 32 * 4;
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4, tig = lane % 4;
         const int64_t row_lo = nt * 16 + g, row_hi = row_lo + 8;

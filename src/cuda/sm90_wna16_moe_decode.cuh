@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
   const int64_t t_begin = sk.begin(w), t_end = sk.begin(w + 1);
 
   const T* x = static_cast<const T*>(p.x);
-  constexpr int wstride = 2 * U * 32;              // uint4 per k-chunk of a K-major tile pair (moe_gemm.h)
+  const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
   const int mstride = p.NT * 8;                    // meta words per group
   uint4* xring = &xs_ring[warp][0][g][2 * tig];
   uint32_t* mring = &meta_ring[warp][0][0][lane];
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
     x_ok = my_slot >= 0;
     const int nt0 = 2 * L.pair;
     const int64_t e = l_expert < 0 ? 0 : l_expert;
-    l_w = p.qweight + e * p.qw_stride + (int64_t(L.pair) * p.KC + kc0) * wstride + lane;
+    l_w = p.qweight + e * p.qw_stride + int64_t(kc0) * wstride + int64_t(nt0) * U * 32 + lane;
     const int64_t src = p.epilogue == 0 ? my_slot / p.topk : int64_t(L.mb) * kDecodeBM + g;
     l_x = reinterpret_cast<const uint4*>(x_ok ? x + src * p.x_stride + 16 * tig + kc0 * 64 : x);
     l_s = p.scales + e * p.meta_stride + int64_t(nt0) * 8 + g;

@@ -329,10 +329,8 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
     const int nk = kc_end - kc0;
     if (nk <= 0) continue;
 
-    // The block's NTB tiles are NTB/2 K-major tile pairs (moe_gemm.h): a pair's chunk is 2*U*32
-    // contiguous uint4, consecutive chunks adjacent, pairs pstride apart.
-    const int64_t pstride = int64_t(p.KC) * 2 * U * 32;
-    const uint4* wexp = p.qweight + int64_t(expert) * p.qw_stride + int64_t(nb) * (NTB / 2) * pstride;
+    const uint4* wexp = p.qweight + int64_t(expert) * p.qw_stride + int64_t(nb) * NTB * U * 32;
+    const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
     const int mstride = p.NT * 8;                    // meta words per group
     const int64_t meta_base = int64_t(expert) * p.meta_stride + int64_t(nb) * NTB * 8;
     const int32_t* perm_e = p.perm ? p.perm + int64_t(expert) * p.K : nullptr;
@@ -368,13 +366,12 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
     auto load_stage = [&](int kc, int st) {
       unsigned char* sb = smem + st * stage_bytes;
       uint4* sw = reinterpret_cast<uint4*>(sb);
-      // Weights: for one k-chunk each of the block's tile pairs is 2*U*32 contiguous uint4.
-      const uint4* wsrc = wexp + int64_t(kc) * (2 * U * 32);
+      // Weights: for one k-chunk the block's NTB tiles are contiguous in memory.
+      const uint4* wsrc = wexp + int64_t(kc) * wstride;
 #pragma unroll
       for (int e = 0; e < NW; ++e) {
         const int i = tid + e * THREADS;
-        if ((NTB * U * 32) % THREADS == 0 || i < NTB * U * 32)
-          cp_async16(sw + i, wsrc + (i / (2 * U * 32)) * pstride + i % (2 * U * 32));
+        if ((NTB * U * 32) % THREADS == 0 || i < NTB * U * 32) cp_async16(sw + i, wsrc + i);
       }
       // Activations: the valid rows of BM x 64 k (eight 16-byte units). Padding rows are not
       // loaded: they only feed MMA columns whose results are discarded.

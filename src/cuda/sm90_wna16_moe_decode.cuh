@@ -2,14 +2,11 @@
 // without act-order. Same packed layout, operand roles (swapped mma.sync m16n8k16), dequantisation
 // modes and epilogues as wna16_moe_gemm_kernel (sm90_wna16_moe_gemm.cuh); what differs is how the
 // work is cut and how the weights travel, because at decode the kernel is a weight stream:
-//  - the work is cut into units, a unit being a K segment of one tile pair of one m-block (an
-//    "item"), every item in the same number S of segments; warp w of the persistent grid takes
-//    units w, w + W', w + 2W', ... (unit u = segment-major, item-minor), with S and the warp count
-//    W' chosen on the device from the real item count so that every warp gets the same number of
-//    units. So all warps stream the same bytes, in lockstep, and at any moment the warps read the
-//    same k-chunk of consecutive tile pairs: contiguous DRAM rows, as a streaming kernel wants.
-//    GEMM2 adds segments' partial sums with its atomics; GEMM1 combines them in the last segment
-//    to arrive (a per-item counter and per-unit partial sums in the split-K scratch);
+//  - stream-K: the work is one flat sequence of "turns" (PF consecutive 64-k chunks of one tile
+//    pair of one m-block), cut into equal contiguous ranges, one per warp of the persistent grid,
+//    so every warp streams the same number of bytes whatever the expert and token counts (a tile
+//    pair's K range may be shared by consecutive warps: GEMM2 adds partial sums with its atomics
+//    anyway, GEMM1 combines them in the last warp to arrive, see splitk_fixup);
 //  - weights go straight from global memory to registers (16-byte non-caching loads) one turn
 //    ahead of their use, across tile-pair boundaries, so the ring never drains inside a range; no
 //    shared-memory staging, no block barrier;
@@ -60,20 +57,13 @@ __device__ __forceinline__ void mma_fresh(float (&d)[4], const uint32_t (&a)[4],
   Act<T>::mma(d, a, b0, b1);
 }
 
-// Work split of one launch (computed on the device from the real item count I): S segments per
-// item of KT turns, U = I * S units, j units per warp, W' warps with work.
-struct DecodeSched {
-  int S, KT;
-  int64_t U;
-  int64_t j, warps;
-  __device__ DecodeSched(int64_t I, int KT_, int64_t grid_warps) : KT(KT_) {
-    int64_t s = (grid_warps + I / 2) / I;  // ~ one unit per warp when items are fewer than warps
-    S = int(s < 1 ? 1 : (s > KT ? KT : s));
-    U = I * S;
-    j = (U + grid_warps - 1) / grid_warps;
-    warps = (U + j - 1) / j;
-  }
-  __device__ int seg_begin(int seg) const { return int(int64_t(seg) * KT / S); }  // in turns
+// Stream-K geometry, the same on the host and the device.
+struct DecodeSplit {
+  int64_t turns;  // total turns
+  int64_t warps;  // warps that get a non-empty range (<= turns)
+  __host__ __device__ int64_t begin(int64_t w) const { return w * turns / warps; }
+  // The warp whose range holds turn t.
+  __host__ __device__ int64_t owner(int64_t t) const { return ((t + 1) * warps - 1) / turns; }
 };
 
 // DEFER: deferred group scaling (group_len a multiple of 64, and not int8 with bf16); else the
@@ -106,14 +96,15 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tig = lane & 3;
   const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
-  const int NP = p.NT / 2;              // tile pairs
-  const int KT = (p.KC + PF - 1) / PF;  // turns per item (an item = one tile pair of one m-block)
-  const int64_t items = int64_t(num_mb) * NP;
-  if (items == 0) return;
+  const int NP = p.NT / 2;                 // tile pairs
+  const int KT = (p.KC + PF - 1) / PF;     // turns per item (an item = one tile pair of one m-block)
+  const int64_t turns = int64_t(num_mb) * NP * KT;
+  if (turns == 0) return;
   const int64_t grid_warps = p.decode_warps > 0 ? p.decode_warps : int64_t(gridDim.x) * kDecodeWarps;
-  const DecodeSched sc(items, KT, grid_warps);
+  const DecodeSplit sk{turns, grid_warps < turns ? grid_warps : turns};
   const int64_t w = int64_t(blockIdx.x) * kDecodeWarps + warp;
-  if (w >= sc.warps) return;  // no block-wide synchronisation below
+  if (w >= sk.warps) return;  // no block-wide synchronisation below
+  const int64_t t_begin = sk.begin(w), t_end = sk.begin(w + 1);
 
   const T* x = static_cast<const T*>(p.x);
   const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
@@ -123,9 +114,8 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
 
   // ---- the load cursor: the turn whose chunks are being fetched ----
   struct Cursor {
-    int64_t unit;           // segment * items + item
-    int item, seg, kc0, kc_end, nvalid;  // nvalid: chunks of this turn to load / use (0: none, e.g. an empty m-block)
-    bool last;              // the unit's last turn
+    int item, kc0, nvalid;  // nvalid: chunks of this turn to load / use (0: nothing, e.g. an empty m-block)
+    bool last;              // the item's last turn
     int mb, pair, slot;     // slot: lane c < 8 holds token column c's slot (-1: padding)
   };
   Cursor L;
@@ -136,62 +126,54 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
   const uint32_t* l_s = nullptr;        // scale word of this lane's rows, group 0 of the item's tiles
   const uint32_t* l_z = nullptr;
   int l_slot = -1;
-  auto set_unit = [&](int64_t unit) {
-    L.unit = unit;
-    L.seg = int(unit / items);
-    L.item = int(unit - int64_t(L.seg) * items);
-    L.kc0 = sc.seg_begin(L.seg) * PF;
-    L.kc_end = min(p.KC, sc.seg_begin(L.seg + 1) * PF);
-    L.mb = p.mb_begin + L.item / NP;
-    L.pair = L.item - (L.item / NP) * NP;
-    if (L.mb != l_mb) {  // token columns and expert of a new m-block
+  auto set_item = [&](int item, int kc0) {
+    L.item = item;
+    L.kc0 = kc0;
+    L.mb = p.mb_begin + item / NP;
+    L.pair = item - (item / NP) * NP;
+    if (L.mb != l_mb) {  // token columns and expert of a new m-block (rare: items of one m-block are adjacent)
       l_mb = L.mb;
       l_expert = __ldg(p.expert_ids + L.mb);
-      int v = -1;
+      int s = -1;
       if (lane < kDecodeBM) {
-        v = __ldg(p.sorted_ids + int64_t(L.mb) * kDecodeBM + lane);
-        v = (v >= 0 && v < p.num_slots) ? v : -1;
+        const int v = __ldg(p.sorted_ids + int64_t(L.mb) * kDecodeBM + lane);
+        s = (v >= 0 && v < p.num_slots) ? v : -1;
       }
-      l_slot = v;
+      l_slot = s;
     }
     L.slot = l_slot;
     // B operand: lane (g, tig) feeds token column g with real k 16*tig .. +16 of each chunk.
     const int my_slot = __shfl_sync(0xffffffffu, l_slot, g);
     const bool any = __ballot_sync(0xffffffffu, l_slot >= 0) != 0;
-    L.nvalid = (l_expert >= 0 && any) ? min(PF, L.kc_end - L.kc0) : 0;
-    L.last = L.kc0 + PF >= L.kc_end;
+    L.nvalid = (l_expert >= 0 && any) ? min(PF, p.KC - kc0) : 0;
+    L.last = kc0 + PF >= p.KC;
     x_ok = my_slot >= 0;
     const int nt0 = 2 * L.pair;
     const int64_t e = l_expert < 0 ? 0 : l_expert;
-    l_w = p.qweight + e * p.qw_stride + int64_t(L.kc0) * wstride + int64_t(nt0) * U * 32 + lane;
+    l_w = p.qweight + e * p.qw_stride + int64_t(kc0) * wstride + int64_t(nt0) * U * 32 + lane;
     const int64_t src = p.epilogue == 0 ? my_slot / p.topk : int64_t(L.mb) * kDecodeBM + g;
-    l_x = reinterpret_cast<const uint4*>(x_ok ? x + src * p.x_stride + 16 * tig + L.kc0 * 64 : x);
+    l_x = reinterpret_cast<const uint4*>(x_ok ? x + src * p.x_stride + 16 * tig + kc0 * 64 : x);
     l_s = p.scales + e * p.meta_stride + int64_t(nt0) * 8 + g;
     l_z = p.zeros ? p.zeros + (l_s - p.scales) : nullptr;
   };
-  // To the next turn: within the unit, or the warp's next unit. Returns false past the warp's last.
-  auto advance = [&]() {
+  auto advance = [&]() {  // to the next turn (callers check the range end)
     if (!L.last) {
       L.kc0 += PF;
-      L.nvalid = L.nvalid ? min(PF, L.kc_end - L.kc0) : 0;
-      L.last = L.kc0 + PF >= L.kc_end;
+      L.nvalid = L.nvalid ? min(PF, p.KC - L.kc0) : 0;
+      L.last = L.kc0 + PF >= p.KC;
       l_w += PF * wstride;
       if (x_ok) l_x += PF * 8;
-      return true;
+    } else {
+      set_item(L.item + 1, 0);
     }
-    if (L.unit + sc.warps >= sc.U) {
-      L.nvalid = 0;
-      return false;
-    }
-    set_unit(L.unit + sc.warps);
-    return true;
   };
-  // Does chunk kc close a group? Static: fixed slots. Run time: the group's last chunk or the
-  // unit's last chunk (a partial group is still a correct partial sum: the scale is linear).
-  auto closes_rt = [&](int kc, int kc_end) {
+  // Does chunk kc (slot s of a turn) close a group? Static: fixed slots. Run time: the group's last
+  // chunk, the item's last chunk, or the last chunk of this warp's range (a partial group is still
+  // a correct partial sum: the scale is linear).
+  auto closes_rt = [&](int kc, bool range_last_turn, int nvalid, int s) {
     if (!DEFER) return true;
     const bool grp_end = p.cpg_shift >= 0 ? ((kc + 1) & ((1 << p.cpg_shift) - 1)) == 0 : (kc + 1) % p.chunks_per_group == 0;
-    return grp_end || kc + 1 == kc_end;
+    return grp_end || kc + 1 == p.KC || (range_last_turn && s == nvalid - 1);
   };
   // Issue the loads of slot s of the load cursor's turn. NOTE: callers branch on s < L.nvalid
   // (a real branch, not a predicate): the branch keeps ptxas from sinking the weight loads to the
@@ -201,7 +183,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
 #pragma unroll
     for (int u = 0; u < 2 * U; ++u) wbuf[s][u] = ld_stream16(l_w + s * wstride + u * 32);
   };
-  auto load_x_meta = [&](int s) {
+  auto load_x_meta = [&](int s, bool range_last_turn) {
     cp_async16_zfill(xring + s * kXRingSlot, l_x + s * 8, x_ok);
     cp_async16_zfill(xring + s * kXRingSlot + 1, l_x + s * 8 + 1, x_ok);
     const int kc = L.kc0 + s;
@@ -211,7 +193,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
       closes = s % kCpg == kCpg - 1;
       grp = kc / kCpg;  // kCpg is a power of two
     } else {
-      closes = closes_rt(kc, L.kc_end);
+      closes = closes_rt(kc, range_last_turn, L.nvalid, s);
       if (DEFER) grp = p.cpg_shift >= 0 ? kc >> p.cpg_shift : kc / p.chunks_per_group;
       else {
         const int k = kc * 64 + 16 * tig;  // this lane's 16 k lie in one group (group_len % 16 == 0)
@@ -229,14 +211,17 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
   };
 
   // ---- prologue: the first turn's loads ----
-  set_unit(w);
+  {
+    const int item = int(t_begin / KT);
+    set_item(item, int(t_begin - int64_t(item) * KT) * PF);
+  }
 #pragma unroll
   for (int s = 0; s < PF; ++s)
     if (s < L.nvalid) load_w(s);
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x may be the previous kernel's output
 #pragma unroll
   for (int s = 0; s < PF; ++s) {
-    if (s < L.nvalid) load_x_meta(s);
+    if (s < L.nvalid) load_x_meta(s, t_begin + 1 == t_end);
     cp_async_commit();  // one group per slot (empty past the end: the wait count stays fixed)
   }
 
@@ -257,13 +242,16 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
   const uint32_t one = ones2<T>();
   const uint32_t ones[4] = {one, one, one, one};
 
-  for (bool more = true; more;) {
+  for (int64_t t = t_begin; t < t_end; ++t) {
     const Cursor C = L;  // the turn consumed now; L moves one turn ahead
+    const bool c_range_last = t + 1 == t_end;
     unsigned c_close = 0;
     if constexpr (!kStatic)
 #pragma unroll
-      for (int s = 0; s < PF; ++s) c_close |= unsigned(closes_rt(C.kc0 + s, C.kc_end)) << s;
-    more = advance();
+      for (int s = 0; s < PF; ++s) c_close |= unsigned(closes_rt(C.kc0 + s, c_range_last, C.nvalid, s)) << s;
+    if (!c_range_last) advance();
+    else L.nvalid = 0;
+    const bool l_range_last = t + 2 == t_end;
 
 #pragma unroll
     for (int s = 0; s < PF; ++s) {
@@ -355,43 +343,48 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
         for (int b = s - BURST + 1; b <= s; ++b)
           if (b < L.nvalid) load_w(b);
       }
-      if (s < L.nvalid) load_x_meta(s);
+      if (s < L.nvalid) load_x_meta(s, l_range_last);
       cp_async_commit();
     }
 
-    if (!C.last || C.nvalid == 0) continue;
-    // ---- the end of a unit: epilogue ----
+    if (!(C.last || c_range_last) || C.nvalid == 0) continue;
+    // ---- the end of this warp's share of an item: epilogue ----
     // Token columns 2*tig and 2*tig + 1 of the C fragment.
     const int slot0 = __shfl_sync(0xffffffffu, C.slot, 2 * tig);
     const int slot1 = __shfl_sync(0xffffffffu, C.slot, 2 * tig + 1);
     const int nt0 = 2 * C.pair;
     if (p.epilogue == 0) {
-      // SiLU(gate) * up needs the whole K sum: with S segments per item, the last segment to
-      // arrive adds the others' partial sums (kept in the scratch, with a per-item counter).
+      // SiLU(gate) * up needs the whole K sum: when consecutive warps share this item, the last
+      // to arrive adds the others' partial sums (kept in the scratch, with an arrival counter).
+      const int64_t q0 = int64_t(C.item) * KT, q1 = q0 + KT - 1;
+      const int64_t wa = sk.owner(q0), wb = sk.owner(q1);
       bool finish = true;
-      if (sc.S > 1) {
+      if (wa != wb) {
         float* part = p.splitk_partials;
+        const int mine = C.item == int(t_begin / KT) ? 0 : 1;
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) __stcg(part + C.unit * kDecodePartialFloats + (i * 4 + e) * 32 + lane, acc[i][e]);
+          for (int e = 0; e < 4; ++e)
+            __stcg(part + (w * 2 + mine) * kDecodePartialFloats + (i * 4 + e) * 32 + lane, acc[i][e]);
         __threadfence();
         __syncwarp();
         int old = 0;
-        if (lane == 0) old = atomicAdd(p.splitk_counters + C.item, 1);
+        if (lane == 0) old = atomicAdd(p.splitk_counters + wa, 1);
         old = __shfl_sync(0xffffffffu, old, 0);
-        finish = old == sc.S - 1;
+        finish = old == int(wb - wa);
         if (finish) {
           __threadfence();
-          for (int sg = 0; sg < sc.S; ++sg) {
-            if (sg == C.seg) continue;
-            const float* q = part + (int64_t(sg) * items + C.item) * kDecodePartialFloats + lane;
+          for (int64_t o = wa; o <= wb; ++o) {
+            if (o == w) continue;
+            const int theirs = C.item == int(sk.begin(o) / KT) ? 0 : 1;
 #pragma unroll
             for (int i = 0; i < 2; ++i)
 #pragma unroll
-              for (int e = 0; e < 4; ++e) acc[i][e] += __ldcg(q + (i * 4 + e) * 32);
+              for (int e = 0; e < 4; ++e)
+                acc[i][e] += __ldcg(part + (o * 2 + theirs) * kDecodePartialFloats + (i * 4 + e) * 32 + lane);
           }
-          if (lane == 0) p.splitk_counters[C.item] = 0;  // every segment has arrived: ready for the next launch
+          if (lane == 0) p.splitk_counters[wa] = 0;  // every contributor has arrived: ready for the next launch
         }
       }
       const int c_lo = C.pair * 16 + g, c_hi = c_lo + 8;

@@ -2,13 +2,11 @@
 // without act-order. Same packed layout, operand roles (swapped mma.sync m16n8k16), dequantisation
 // modes and epilogues as wna16_moe_gemm_kernel (sm90_wna16_moe_gemm.cuh); what differs is how the
 // work is cut and how the weights travel, because at decode the kernel is a weight stream:
-//  - stream-K: the work is one flat sequence of "turns" (PF consecutive 64-k chunks of a group of
-//    four adjacent tile pairs of one m-block, one pair per warp of a block), cut into equal
-//    contiguous ranges, one per block of the persistent grid, so every warp streams the same
-//    number of bytes whatever the expert and token counts, and a block's warps read the same
-//    chunk of adjacent pairs together (4 KB contiguous). A pair's K range may be shared by
-//    consecutive blocks: GEMM2 adds partial sums with its atomics anyway, GEMM1 combines them in
-//    the last block to arrive (the split-K scratch: partial sums and arrival counters);
+//  - stream-K: the work is one flat sequence of "turns" (PF consecutive 64-k chunks of one tile
+//    pair of one m-block), cut into equal contiguous ranges, one per warp of the persistent grid,
+//    so every warp streams the same number of bytes whatever the expert and token counts (a tile
+//    pair's K range may be shared by consecutive warps: GEMM2 adds partial sums with its atomics
+//    anyway, GEMM1 combines them in the last warp to arrive, see splitk_fixup);
 //  - weights go straight from global memory to registers (16-byte non-caching loads) one turn
 //    ahead of their use, across tile-pair boundaries, so the ring never drains inside a range; no
 //    shared-memory staging, no block barrier;
@@ -41,7 +39,6 @@ struct DecodeShape<2> {
 };
 constexpr int kDecodeBM = CfgM8::BLOCK_M;
 static_assert(kDecodeBM == 8, "one MMA token column per m-block");
-static_assert(PackedGemm::kTilePad % (2 * kDecodeWarps) == 0, "a block's tile pairs must divide the n-tile padding");
 // Split-K scratch per warp of the grid: partial sums of its first and last tile pair.
 constexpr int kDecodePartialFloats = 2 * 4 * 32;  // [tile][reg][lane]
 
@@ -62,11 +59,11 @@ __device__ __forceinline__ void mma_fresh(float (&d)[4], const uint32_t (&a)[4],
 
 // Stream-K geometry, the same on the host and the device.
 struct DecodeSplit {
-  int64_t turns;  // total turns (of item groups)
-  int64_t parts;  // blocks that get a non-empty range (<= turns)
-  __host__ __device__ int64_t begin(int64_t b) const { return b * turns / parts; }
-  // The block whose range holds turn t.
-  __host__ __device__ int64_t owner(int64_t t) const { return ((t + 1) * parts - 1) / turns; }
+  int64_t turns;  // total turns
+  int64_t warps;  // warps that get a non-empty range (<= turns)
+  __host__ __device__ int64_t begin(int64_t w) const { return w * turns / warps; }
+  // The warp whose range holds turn t.
+  __host__ __device__ int64_t owner(int64_t t) const { return ((t + 1) * warps - 1) / turns; }
 };
 
 // DEFER: deferred group scaling (group_len a multiple of 64, and not int8 with bf16); else the
@@ -99,19 +96,15 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tig = lane & 3;
   const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
-  const int NP = p.NT / 2;                 // tile pairs (a multiple of kDecodeWarps: NT % 8 == 0)
+  const int NP = p.NT / 2;                 // tile pairs
   const int KT = (p.KC + PF - 1) / PF;     // turns per item (an item = one tile pair of one m-block)
-  // The blocks' ranges run over groups of kDecodeWarps adjacent items (warp w of a block takes
-  // item 4 * group + w), so a block's warps read the same chunk of adjacent tile pairs together.
-  const int64_t turns = int64_t(num_mb) * (NP / kDecodeWarps) * KT;
+  const int64_t turns = int64_t(num_mb) * NP * KT;
   if (turns == 0) return;
-  const int64_t grid_blocks =
-      p.decode_warps > 0 ? (p.decode_warps + kDecodeWarps - 1) / kDecodeWarps : int64_t(gridDim.x);
-  const DecodeSplit sk{turns, grid_blocks < turns ? grid_blocks : turns};
-  const int64_t blk = blockIdx.x;
-  if (blk >= sk.parts) return;  // whole blocks; no block-wide synchronisation below anyway
-  const int64_t w = blk * kDecodeWarps + warp;  // this warp's partial-sum slots in the scratch
-  const int64_t t_begin = sk.begin(blk), t_end = sk.begin(blk + 1);
+  const int64_t grid_warps = p.decode_warps > 0 ? p.decode_warps : int64_t(gridDim.x) * kDecodeWarps;
+  const DecodeSplit sk{turns, grid_warps < turns ? grid_warps : turns};
+  const int64_t w = int64_t(blockIdx.x) * kDecodeWarps + warp;
+  if (w >= sk.warps) return;  // no block-wide synchronisation below
+  const int64_t t_begin = sk.begin(w), t_end = sk.begin(w + 1);
 
   const T* x = static_cast<const T*>(p.x);
   const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
@@ -171,7 +164,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
       l_w += PF * wstride;
       if (x_ok) l_x += PF * 8;
     } else {
-      set_item(L.item + kDecodeWarps, 0);
+      set_item(L.item + 1, 0);
     }
   };
   // Does chunk kc (slot s of a turn) close a group? Static: fixed slots. Run time: the group's last
@@ -219,8 +212,8 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
 
   // ---- prologue: the first turn's loads ----
   {
-    const int group = int(t_begin / KT);
-    set_item(group * kDecodeWarps + warp, int(t_begin - int64_t(group) * KT) * PF);
+    const int item = int(t_begin / KT);
+    set_item(item, int(t_begin - int64_t(item) * KT) * PF);
   }
 #pragma unroll
   for (int s = 0; s < PF; ++s)
@@ -363,13 +356,12 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
     if (p.epilogue == 0) {
       // SiLU(gate) * up needs the whole K sum: when consecutive warps share this item, the last
       // to arrive adds the others' partial sums (kept in the scratch, with an arrival counter).
-      const int group = C.item / kDecodeWarps;
-      const int64_t q0 = int64_t(group) * KT, q1 = q0 + KT - 1;
+      const int64_t q0 = int64_t(C.item) * KT, q1 = q0 + KT - 1;
       const int64_t wa = sk.owner(q0), wb = sk.owner(q1);
       bool finish = true;
       if (wa != wb) {
         float* part = p.splitk_partials;
-        const int mine = group == int(t_begin / KT) ? 0 : 1;
+        const int mine = C.item == int(t_begin / KT) ? 0 : 1;
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -378,22 +370,21 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
         __threadfence();
         __syncwarp();
         int old = 0;
-        if (lane == 0) old = atomicAdd(p.splitk_counters + wa * kDecodeWarps + warp, 1);
+        if (lane == 0) old = atomicAdd(p.splitk_counters + wa, 1);
         old = __shfl_sync(0xffffffffu, old, 0);
         finish = old == int(wb - wa);
         if (finish) {
           __threadfence();
           for (int64_t o = wa; o <= wb; ++o) {
-            if (o == blk) continue;
-            const int theirs = group == int(sk.begin(o) / KT) ? 0 : 1;
+            if (o == w) continue;
+            const int theirs = C.item == int(sk.begin(o) / KT) ? 0 : 1;
 #pragma unroll
             for (int i = 0; i < 2; ++i)
 #pragma unroll
               for (int e = 0; e < 4; ++e)
-                acc[i][e] += __ldcg(part + ((o * kDecodeWarps + warp) * 2 + theirs) * kDecodePartialFloats +
-                                    (i * 4 + e) * 32 + lane);
+                acc[i][e] += __ldcg(part + (o * 2 + theirs) * kDecodePartialFloats + (i * 4 + e) * 32 + lane);
           }
-          if (lane == 0) p.splitk_counters[wa * kDecodeWarps + warp] = 0;  // every contributor has arrived: ready for the next launch
+          if (lane == 0) p.splitk_counters[wa] = 0;  // every contributor has arrived: ready for the next launch
         }
       }
       const int c_lo = C.pair * 16 + g, c_hi = c_lo + 8;

@@ -21,22 +21,7 @@ namespace wna16::cuda::gemm {
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodePF = 4;        // int4 k-chunks (1 KB of weights per warp each) in a turn
-// Ring shapes (SH): chunks per turn (= the register ring), chunks per refill burst (one DRAM
-// burst of contiguous K-major weights per warp), blocks per SM the registers are cut for.
-template <int SH>
-struct DecodeShape;
-template <>
-struct DecodeShape<0> {
-  static constexpr int kPF = 4, kBurst = 1, kMinBlocks = 4;
-};
-template <>
-struct DecodeShape<1> {
-  static constexpr int kPF = 4, kBurst = 2, kMinBlocks = 4;
-};
-template <>
-struct DecodeShape<2> {
-  static constexpr int kPF = 8, kBurst = 4, kMinBlocks = 3;
-};
+constexpr int kDecodeMinBlocks = 4; // <= 128 registers: 16 warps per SM
 constexpr int kDecodeBM = CfgM8::BLOCK_M;
 static_assert(kDecodeBM == 8, "one MMA token column per m-block");
 // Split-K scratch per warp of the grid: partial sums of its first and last tile pair.
@@ -70,12 +55,10 @@ struct DecodeSplit {
 // scale (and zero) is applied per weight. CPG (deferred only): the chunks per group when it
 // divides the turn and every item is whole turns, so group boundaries fall on fixed ring slots and
 // the group bookkeeping leaves the loop; 0: tracked at run time.
-template <class T, int BITS, bool DEFER, int CPG, int SH = 0>
-__global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) wna16_moe_decode_kernel(const KParams p) {
-  constexpr int U = BITS / 4;                        // uint4 per lane per tile and k-chunk
-  constexpr int PF = DecodeShape<SH>::kPF / U;       // chunks per turn: the same bytes for int4 and int8
-  constexpr int BURST = DecodeShape<SH>::kBurst < PF ? DecodeShape<SH>::kBurst : PF;
-  static_assert(PF % BURST == 0, "bursts tile the turn");
+template <class T, int BITS, bool DEFER, int CPG>
+__global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_decode_kernel(const KParams p) {
+  constexpr int U = BITS / 4;        // uint4 per lane per tile and k-chunk
+  constexpr int PF = kDecodePF / U;  // chunks per turn: the same bytes for int4 and int8
   static_assert(!DEFER || !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>), "int8 codes exceed bf16's magic range");
   static_assert(CPG == 0 || (DEFER && PF % (CPG ? CPG : 1) == 0), "static groups need deferred scaling and CPG | PF");
   constexpr bool kStatic = CPG != 0;
@@ -336,14 +319,11 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
               }
         }
       }
-      // Refill: this slot's activations and scales, and every BURST slots the weights of those
-      // slots (consumed by now) in one contiguous burst, all for the next turn.
-      if (s % BURST == BURST - 1) {
-#pragma unroll
-        for (int b = s - BURST + 1; b <= s; ++b)
-          if (b < L.nvalid) load_w(b);
+      // Refill this ring slot with the next turn's chunk now that it is consumed.
+      if (s < L.nvalid) {
+        load_w(s);
+        load_x_meta(s, l_range_last);
       }
-      if (s < L.nvalid) load_x_meta(s, l_range_last);
       cp_async_commit();
     }
 
@@ -423,13 +403,13 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeShape<SH>::kMinBlocks) w
 }
 
 // Blocks of the decode kernel resident per SM (cached per instantiation).
-template <class T, int BITS, bool DEFER, int CPG, int SH = 0>
+template <class T, int BITS, bool DEFER, int CPG>
 int prepare_decode_variant() {
   static int bps = 0;
   static std::once_flag once;
   std::call_once(once, [] {
-    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG, SH>, kDecodeThreads, 0));
+    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG>,
+                                                                   kDecodeThreads, 0));
     if (bps < 1) throw Error("the decode kernel cannot be resident on this device");
   });
   return bps;
@@ -460,23 +440,12 @@ int prepare_decode() {
   return a;
 }
 
-// The ring shape for a launch: shape 0 unless WNA16_DECODE_SHAPE (1, 2) asks for another and the
-// launch takes the bf16 / int4 / static g128 variant it is built for (an A/B switch while the
-// shapes are measured).
-inline int decode_shape_env() {
-  static const int sh = [] {
-    const char* v = std::getenv("WNA16_DECODE_SHAPE");
-    return v ? std::atoi(v) : 0;
-  }();
-  return sh;
-}
-
 // A persistent grid of at most the resident blocks (kp.decode_warps, when set, caps the warps that
 // get work: tests use it to force many-way K splits).
-template <class T, int BITS, int SH, class Kern>
-void launch_decode_kernel(Kern kern, int bps, const KParams& kp, int64_t upper_mblocks, cudaStream_t stream) {
-  const int64_t resident = int64_t(bps) * device_info().sms;
-  const int64_t pf = DecodeShape<SH>::kPF / (BITS / 4);
+template <class T, int BITS>
+void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream) {
+  const int64_t resident = int64_t(prepare_decode<T, BITS>()) * device_info().sms;
+  const int64_t pf = kDecodePF / (BITS / 4);
   const int64_t turns = upper_mblocks * (kp.NT / 2) * ((kp.KC + pf - 1) / pf);
   const int64_t grid = kp.decode_warps > 0 ? (kp.decode_warps + kDecodeWarps - 1) / kDecodeWarps
                                            : std::max<int64_t>(1, std::min(resident, (turns + kDecodeWarps - 1) / kDecodeWarps));
@@ -489,37 +458,18 @@ void launch_decode_kernel(Kern kern, int bps, const KParams& kp, int64_t upper_m
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = kp.pdl ? 1 : 0;
-  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, kp));
-}
-
-template <class T, int BITS>
-void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream) {
-  const int bps = prepare_decode<T, BITS>();
   if constexpr (kDecodeCanDefer<T, BITS>) {
     if (kp.defer_ok) {
       const int cpg = kp.static_groups ? kp.chunks_per_group : 0;
-      if constexpr (BITS == 4 && std::is_same_v<T, __nv_bfloat16>) {
-        const int sh = decode_shape_env();
-        if (cpg == 2 && sh == 1 && kp.KC % DecodeShape<1>::kPF == 0) {
-          launch_decode_kernel<T, BITS, 1>(wna16_moe_decode_kernel<T, BITS, true, 2, 1>,
-                                           prepare_decode_variant<T, BITS, true, 2, 1>(), kp, upper_mblocks, stream);
-          return;
-        }
-        if (cpg == 2 && sh == 2 && kp.KC % DecodeShape<2>::kPF == 0) {
-          launch_decode_kernel<T, BITS, 2>(wna16_moe_decode_kernel<T, BITS, true, 2, 2>,
-                                           prepare_decode_variant<T, BITS, true, 2, 2>(), kp, upper_mblocks, stream);
-          return;
-        }
-      }
       auto kern = cpg == 1   ? wna16_moe_decode_kernel<T, BITS, true, 1>
                   : cpg == 2 ? wna16_moe_decode_kernel<T, BITS, true, 2>
                   : cpg == 4 ? wna16_moe_decode_kernel<T, BITS, true, decode_static_cpg<BITS>(4) ? 4 : 0>
                              : wna16_moe_decode_kernel<T, BITS, true, 0>;
-      launch_decode_kernel<T, BITS, 0>(kern, bps, kp, upper_mblocks, stream);
+      WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, kp));
       return;
     }
   }
-  launch_decode_kernel<T, BITS, 0>(wna16_moe_decode_kernel<T, BITS, false, 0>, bps, kp, upper_mblocks, stream);
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, false, 0>, kp));
 }
 
 }  // namespace wna16::cuda::gemm

@@ -28,12 +28,20 @@ static_assert(kDecodeBM == 8, "one MMA token column per m-block");
 constexpr int kDecodePartialFloats = 2 * 4 * 32;  // [tile][reg][lane]
 
 // 16 bytes of a weight stream, read once: keep it out of L1 (the activations live there).
-__device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
+__device__ __forceinline__ uint4 ld_stream16(const uint4* p, bool pred) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+      " @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
+      : "l"(p), "r"(int(pred)));
   return v;
+}
+__device__ __forceinline__ void cp_async4_pred(void* dst, const void* src, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.ca.shared.global [%0], [%1], 4;\n}\n" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(int(pred)));
 }
 // mma with a zero accumulator (the first k-step of a group).
 template <class T>
@@ -158,17 +166,19 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     const bool grp_end = p.cpg_shift >= 0 ? ((kc + 1) & ((1 << p.cpg_shift) - 1)) == 0 : (kc + 1) % p.chunks_per_group == 0;
     return grp_end || kc + 1 == p.KC || (range_last_turn && s == nvalid - 1);
   };
-  // Issue the loads of slot s of the load cursor's turn. NOTE: callers branch on s < L.nvalid
-  // (a real branch, not a predicate): the branch keeps ptxas from sinking the weight loads to the
-  // end of the turn, which would cut the ring's lead from PF chunks to one.
+  // Issue the loads of slot s of the load cursor's turn.
   uint4 wbuf[PF][2 * U];
   auto load_w = [&](int s) {
+    const bool v = s < L.nvalid;
 #pragma unroll
-    for (int u = 0; u < 2 * U; ++u) wbuf[s][u] = ld_stream16(l_w + s * wstride + u * 32);
+    for (int u = 0; u < 2 * U; ++u) wbuf[s][u] = ld_stream16(l_w + s * wstride + u * 32, v);
   };
   auto load_x_meta = [&](int s, bool range_last_turn) {
-    cp_async16_zfill(xring + s * kXRingSlot, l_x + s * 8, x_ok);
-    cp_async16_zfill(xring + s * kXRingSlot + 1, l_x + s * 8 + 1, x_ok);
+    const bool v = s < L.nvalid;
+    if (v) {
+      cp_async16_zfill(xring + s * kXRingSlot, l_x + s * 8, x_ok);
+      cp_async16_zfill(xring + s * kXRingSlot + 1, l_x + s * 8 + 1, x_ok);
+    }
     const int kc = L.kc0 + s;
     bool closes;
     int grp;
@@ -187,8 +197,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       const int64_t off = int64_t(grp) * mstride;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        cp_async4(mring + (s * 4 + i) * 32, l_s + off + i * 8);
-        if (l_z) cp_async4(mring + (s * 4 + 2 + i) * 32, l_z + off + i * 8);
+        cp_async4_pred(mring + (s * 4 + i) * 32, l_s + off + i * 8, v);
+        if (l_z) cp_async4_pred(mring + (s * 4 + 2 + i) * 32, l_z + off + i * 8, v);
       }
     }
   };
@@ -199,12 +209,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     set_item(item, int(t_begin - int64_t(item) * KT) * PF);
   }
 #pragma unroll
-  for (int s = 0; s < PF; ++s)
-    if (s < L.nvalid) load_w(s);
+  for (int s = 0; s < PF; ++s) load_w(s);
   asm volatile("griddepcontrol.wait;" ::: "memory");  // x may be the previous kernel's output
 #pragma unroll
   for (int s = 0; s < PF; ++s) {
-    if (s < L.nvalid) load_x_meta(s, t_begin + 1 == t_end);
+    load_x_meta(s, t_begin + 1 == t_end);
     cp_async_commit();  // one group per slot (empty past the end: the wait count stays fixed)
   }
 
@@ -320,10 +329,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         }
       }
       // Refill this ring slot with the next turn's chunk now that it is consumed.
-      if (s < L.nvalid) {
-        load_w(s);
-        load_x_meta(s, l_range_last);
-      }
+      load_w(s);
+      load_x_meta(s, l_range_last);
       cp_async_commit();
     }
 

@@ -217,8 +217,7 @@ void run_gemm_case(const GemmCase& c) {
   r.out = d_inter.p;
   launch_moe_gemm(dev(g1, d_q1, d_s1, d_z1), r, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
-  const int64_t used_warps = c.decode_warps > 0 ? c.decode_warps : decode_grid_warps(c.bits, c.act);
-  for (int32_t v : d_scratch.get<int32_t>(decode_counter_bytes(used_warps) / 4))
+  for (int32_t v : d_scratch.get<int32_t>(size_t(scratch_warps)))
     ASSERT_EQ(v, 0) << "a split-K arrival counter was left non-zero";
 
   // GEMM1 check: every valid padded position holds silu(gate)*up of its token and expert.

@@ -88,7 +88,7 @@ void stage_done(const char* what, cudaStream_t st) {
 
 struct Workspace {
   int64_t logits = 0, gate = 0, ids = 0, w = 0, ids2 = 0, w2 = 0, sorted = 0, eids = 0, ntpp = 0, inter = 0,
-          acc = 0, splitk = 0, splitk_bytes = 0, zero_floats = 0, total = 0;
+          acc = 0, total = 0;
   int64_t max_padded = 0, max_blocks = 0;
 };
 
@@ -103,7 +103,6 @@ struct CudaMoeLayer::Impl {
   DevBuf qw1, sc1, zr1, perm1, permup1, qw2, sc2, zr2, router, bias;
   DeviceGemm g1, g2;
   size_t weight_bytes = 0;
-  int64_t splitk_warps = 0;  // the decode kernel's grid, in warps (sizes its split-K scratch)
 
   Workspace layout(int64_t M, int block_m) const {
     Workspace ws;
@@ -127,11 +126,6 @@ struct CudaMoeLayer::Impl {
     ws.ntpp = take(4);
     ws.inter = take(ws.max_padded * I * 2);
     ws.acc = take(M * H * 4);
-    // The decode GEMM1's split-K scratch right after the accumulator (H % 64 == 0 keeps them
-    // contiguous), so the router's zero-fill of the accumulator zeroes its counters too.
-    ws.splitk_bytes = int64_t(decode_scratch_bytes(splitk_warps));
-    ws.splitk = take(ws.splitk_bytes);
-    ws.zero_floats = (ws.splitk - ws.acc + int64_t(decode_counter_bytes(splitk_warps))) / 4;
     ws.total = off;
     return ws;
   }
@@ -158,8 +152,6 @@ struct CudaMoeLayer::Impl {
   // GEMM1: x (gathered by slot) times gate|up, SiLU(gate)*up into the intermediate buffer.
   void set_gemm1(GemmRun& r, const void* x, char* ws, const Workspace& L) const {
     r.epilogue = GemmEpilogue::SiluMul;
-    r.splitk_scratch = ws + L.splitk;
-    r.splitk_scratch_bytes = size_t(L.splitk_bytes);
     r.x = x;
     r.x_stride = H;
     r.out = ws + L.inter;
@@ -459,10 +451,8 @@ void CudaMoeLayer::Impl::check_call(const void* x, const void* out, int64_t M, D
 //  - otherwise routing with the shared-expert slots appended -> align, both with programmatic
 //    dependent launch.
 // Each programmatic launch waits (griddepcontrol.wait) in every thread before its first global
-// access, so each completes only after its predecessor did. GEMM1 after the align step is either a
-// plain launch (staged kernels) or, on the decode kernel, a programmatic dependent that waits
-// before its first read; either way the router's zero-fill of the accumulator and of the split-K
-// counters is complete by then.
+// access, so each completes only after its predecessor did; the GEMM after the align step is a
+// plain launch, so by then the router's zero-fill of the accumulator is complete too.
 // WNA16_NO_FUSED_ROUTING=1 forces the two-kernel path (an A/B switch; the outputs are identical).
 void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L,
                                          int block_m, cudaStream_t st) const {
@@ -470,7 +460,7 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   auto* logits = reinterpret_cast<float*>(ws + L.logits);
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
   launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate,
-                       reinterpret_cast<float*>(ws + L.acc), L.zero_floats, st);
+                       reinterpret_cast<float*>(ws + L.acc), M * H, st);
   stage_done("router logits", st);
   // With shared slices the routing writes [M, k + S] straight into ids2 / w2 (no append kernel).
   auto* ids2 = reinterpret_cast<int32_t*>(ws + (S > 0 ? L.ids2 : L.ids));
@@ -494,7 +484,6 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
 CudaMoeLayer::CudaMoeLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w) : impl_(std::make_unique<Impl>()) {
   impl_->build(spec, w);
   prepare_moe_gemm(impl_->bits);
-  impl_->splitk_warps = std::max(decode_grid_warps(impl_->bits, DType::BF16), decode_grid_warps(impl_->bits, DType::F16));
 }
 CudaMoeLayer::~CudaMoeLayer() = default;
 
@@ -527,10 +516,8 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   GemmRun r = d.align_driven_run(act, config, M, ws, L);
 
   d.set_gemm1(r, x, ws, L);
-  r.overlap_previous = r.previous_writes_align = true;  // decode kernel: its launch overlaps the align step
   launch_moe_gemm(d.g1, r, st);
   stage_done("GEMM1 (gate/up)", st);
-  r.previous_writes_align = false;
 
   d.set_gemm2(r, acc, w2, ws, L);
   r.splits = choose_splits(d.g2, config, act, M, d.k2);

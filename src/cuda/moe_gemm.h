@@ -120,23 +120,11 @@ struct GemmRun {
   int64_t mb_begin = 0;           // first m-block
   int64_t mb_count = -1;          // < 0: all m-blocks, count read on the device from num_tokens_post_padded
   int splits = 1;                 // split-K (WeightedSum only)
-  // Decode kernel (config m8 without act-order): it cuts the work into equal K ranges per warp
-  // (stream-K), so a tile pair's K range may be shared by consecutive warps. In GEMM1 the last of
-  // them to finish adds the others' partial sums, through this scratch of at least
-  // decode_scratch_bytes(warps) bytes: arrival counters that must be zero before the first launch
-  // (every launch leaves them zero again; CudaMoeLayer zeroes them on each call anyway), then the
-  // partial sums. GEMM2 adds partial sums with its atomics and needs none.
-  void* splitk_scratch = nullptr;
-  size_t splitk_scratch_bytes = 0;
-  int decode_warps = 0;           // warps given work (0: decode_grid_warps(); tests force K splits with it)
+  int decode_kw = 0;              // decode kernel (config m8): warps per tile pair along K, 1/2/4; 0: chosen
   // Launch as a programmatic dependent of the previous kernel in the stream: the decode kernel
   // streams its first weights while that kernel finishes and waits for it before reading x.
   // Ignored (a plain launch) by the staged kernels, which read x from the start.
   bool overlap_previous = false;
-  // With overlap_previous: the previous kernel writes the align outputs (GEMM1 right after the
-  // align step), so the decode kernel waits for it before reading anything; what overlaps is
-  // only the launch itself.
-  bool previous_writes_align = false;
 };
 
 int gemm_config_count();
@@ -147,11 +135,6 @@ const char* gemm_config_name(int config);
 int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order);
 // Split-K for the WeightedSum GEMM so that the work items fill the resident blocks once.
 int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk);
-
-// The decode kernel's grid in warps (resident blocks x warps per block) and its split-K scratch.
-int64_t decode_grid_warps(int bits, DType act);
-size_t decode_counter_bytes(int64_t warps);  // the counters at the start of the scratch
-size_t decode_scratch_bytes(int64_t warps);
 
 // Sets the kernels' shared-memory limits and reads their occupancy (no launch); launch_moe_gemm
 // does it on first use otherwise. Call before capturing a graph.

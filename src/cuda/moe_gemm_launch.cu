@@ -84,12 +84,6 @@ int resident_blocks(int bits, int config, DType act) {
   return bps * gemm::device_info().sms;
 }
 
-int64_t decode_grid_warps(int bits, DType act) { return int64_t(resident_blocks(bits, 0, act)) * gemm::kDecodeWarps; }
-size_t decode_counter_bytes(int64_t warps) { return size_t((warps * 4 + 255) / 256 * 256); }
-size_t decode_scratch_bytes(int64_t warps) {
-  return decode_counter_bytes(warps) + size_t(warps) * 2 * gemm::kDecodePartialFloats * sizeof(float);
-}
-
 namespace {
 // The m-blocks the align step is expected to produce (one per distinct expert under uniform
 // routing, plus the blocks their extra tokens fill); the real count is only known on the device.
@@ -101,6 +95,23 @@ int64_t estimate_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm) {
   return std::max<int64_t>(1, std::min<int64_t>(active + spill, (slots + bm - 1) / bm + E));
 }
 
+// Decode kernel: the critical path, in k-chunks, of a work shape on a persistent grid: rounds of
+// resident blocks x (chunks per warp + the ring's fill, paid again by every item).
+struct DecodeShape {
+  int kw = 1;
+  double cost = 0;
+};
+DecodeShape best_decode_kw(int64_t mblocks, int64_t pairs, int64_t splits, int64_t kc_per_split, int64_t resident) {
+  DecodeShape best{1, 1e300};
+  for (int kw : {1, 2, 4}) {
+    if (kw > 1 && kc_per_split < 4 * kw) break;  // keep >= 4 chunks per warp
+    const int64_t blocks = mblocks * (pairs * kw / gemm::kDecodeWarps) * splits;
+    const int64_t rounds = (blocks + resident - 1) / resident;
+    const double cost = double(rounds) * (double(kc_per_split) / kw + gemm::kDecodePF);
+    if (cost < best.cost * (1 - 1e-9)) best = {kw, cost};
+  }
+  return best;
+}
 }  // namespace
 
 int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk) {
@@ -111,7 +122,18 @@ int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t
   const int64_t est_mblocks = estimate_mblocks(M, topk, w.E, gemm_config_block_m(config));
   const int64_t resident = resident_blocks(w.bits, config, act);
   const int64_t kc = w.K / PackedGemm::kChunkK;
-  if (config == 0 && !w.perm) return 1;  // the decode kernel balances K across warps itself (stream-K)
+  if (config == 0 && !w.perm) {
+    // Decode kernel: the split (with its best in-block K split) of the shortest critical path;
+    // ties go to fewer splits (fewer atomics).
+    int best = 1;
+    double best_cost = 1e300;
+    for (int64_t sp = 1; sp <= 8 && (sp == 1 || kc / sp >= 8); ++sp) {
+      const int64_t per = (kc + sp - 1) / sp;
+      const double cost = best_decode_kw(est_mblocks, w.NT / 2, sp, per, resident).cost;
+      if (cost < best_cost * (1 - 1e-9)) best_cost = cost, best = int(sp);
+    }
+    return best;
+  }
   const int64_t nb = w.NT / (kConfigs[config].block_n / 16);
   const int64_t items = est_mblocks * nb;
   int64_t splits = std::max<int64_t>(1, resident / std::max<int64_t>(1, items));
@@ -188,8 +210,16 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   };
   kp.cpg_shift = log2_or_neg(kp.chunks_per_group);
   static const bool no_static = std::getenv("WNA16_NO_STATIC_GROUPS") != nullptr;  // A/B switch
-  const bool decode = r.config == 0 && !w.perm;
-  kp.static_groups = !no_static && decode && kp.defer_ok && gemm::decode_static_ok(w.bits, kp.chunks_per_group, kp.KC);
+  kp.static_groups = 0;
+  if (!no_static && r.config == 0 && !w.perm && kp.defer_ok &&
+      (w.bits == 4 ? gemm::decode_static_cpg<4>(kp.chunks_per_group) : gemm::decode_static_cpg<8>(kp.chunks_per_group)) &&
+      kp.KC % kp.chunks_per_group == 0) {
+    // The decode kernel's static-group variants want whole groups per split (fewer splits if need be).
+    const int cpg = kp.chunks_per_group;
+    kp.kc_per_split = (kp.kc_per_split + cpg - 1) / cpg * cpg;
+    kp.splits = (kp.KC + kp.kc_per_split - 1) / kp.kc_per_split;
+    kp.static_groups = 1;
+  }
   kp.group_shift = log2_or_neg(w.group_len);
   // A tight bound on the m-blocks the align step can produce: every active expert pads at most
   // one partial block, so blocks <= ceil(slots / BLOCK_M) + min(E, slots) (usually far below
@@ -198,18 +228,18 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
   const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
   static const bool no_pdl = std::getenv("WNA16_NO_GEMM_PDL") != nullptr;  // A/B switch
-  kp.pdl = r.overlap_previous && !no_pdl ? (r.previous_writes_align ? 2 : 1) : 0;
-  if (decode) {
-    if (r.decode_warps < 0) throw Error("decode_warps=" + std::to_string(r.decode_warps) + " is negative");
-    kp.decode_warps = r.decode_warps;
-    if (r.epilogue == GemmEpilogue::SiluMul) {
-      const int64_t warps = r.decode_warps > 0 ? r.decode_warps : decode_grid_warps(w.bits, r.act);
-      if (!r.splitk_scratch || r.splitk_scratch_bytes < decode_scratch_bytes(warps))
-        throw Error("split-K scratch of " + std::to_string(r.splitk_scratch_bytes) + " bytes is smaller than the " +
-                    std::to_string(decode_scratch_bytes(warps)) + " bytes the decode GEMM1 needs for " +
-                    std::to_string(warps) + " warps");
-      kp.splitk_counters = static_cast<int32_t*>(r.splitk_scratch);
-      kp.splitk_partials = reinterpret_cast<float*>(static_cast<char*>(r.splitk_scratch) + decode_counter_bytes(warps));
+  kp.pdl = r.overlap_previous && !no_pdl ? 1 : 0;
+  if (r.config == 0 && !w.perm) {
+    // Decode kernel: the fewest warps per tile pair (k-slices summed in shared memory) that give
+    // two blocks per resident slot, so the last round of a persistent grid stays short.
+    if (r.decode_kw != 0) {
+      if (r.decode_kw != 1 && r.decode_kw != 2 && r.decode_kw != 4)
+        throw Error("decode_kw=" + std::to_string(r.decode_kw) + " is not 1, 2 or 4");
+      kp.decode_kw = r.decode_kw;
+    } else {
+      const int64_t mblocks = r.mb_count >= 0 ? r.mb_count
+                                              : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
+      kp.decode_kw = best_decode_kw(mblocks, w.NT / 2, kp.splits, kp.kc_per_split, resident_blocks(w.bits, r.config, r.act)).kw;
     }
   }
   auto s = static_cast<cudaStream_t>(stream);

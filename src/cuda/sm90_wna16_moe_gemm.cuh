@@ -266,11 +266,9 @@ struct KParams {
   int chunks_per_group;  // group_len / 64 when defer_ok
   int cpg_shift;         // log2(chunks_per_group) when a power of two, else -1
   int group_shift;       // log2(group_len) when a power of two, else -1 (shifts, not divisions)
-  int decode_warps;      // decode kernel only: warps given work (0: every warp of the grid)
-  int pdl;               // decode kernel only: launched as a programmatic dependent (2: of the align step)
-  int static_groups;     // decode kernel only: group boundaries on fixed ring slots (static-group variants)
-  float* splitk_partials;   // decode kernel, SiluMul: partial sums of tile pairs shared by warps
-  int32_t* splitk_counters; // decode kernel, SiluMul: arrivals per shared tile pair (zero between launches)
+  int decode_kw;         // decode kernel only: warps sharing a tile pair along K (1, 2, 4)
+  int pdl;               // decode kernel only: launched as a programmatic dependent
+  int static_groups;     // decode kernel only: splits are whole groups, static-group variants allowed
 };
 
 template <class CFG, int BITS>

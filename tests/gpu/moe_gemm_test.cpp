@@ -5,7 +5,6 @@
 #include "gpu/gpu_test_util.h"
 
 #ifdef WNA16_HAVE_CUDA
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -85,7 +84,7 @@ struct GemmCase {
   bool zeros;
   int config;
   int64_t M;
-  int decode_warps = 0;  // decode kernel's warps given work (stream-K ranges); 0: the launcher's grid
+  int decode_kw = 0;  // decode kernel's warps per tile pair along K; 0: the launcher's choice
   int splits = 0;     // GEMM2 split-K; 0: choose_splits
   bool diag = false;  // print the first mismatching (position, column) entries and a histogram
 };
@@ -93,7 +92,7 @@ struct GemmCase {
 std::string describe(const GemmCase& c) {
   return "int" + std::to_string(c.bits) + " " + dtype_name(c.act) + " group " + std::to_string(c.gl) +
          (c.zeros ? " asym" : " sym") + " config " + gemm_config_name(c.config) + " M=" + std::to_string(c.M) +
-         " warps=" + std::to_string(c.decode_warps) + " splits=" + std::to_string(c.splits);
+         " kw=" + std::to_string(c.decode_kw) + " splits=" + std::to_string(c.splits);
 }
 
 // Routes M tokens to `topk` distinct experts among the first E-2 (the last two get nothing).
@@ -153,7 +152,7 @@ void run_gemm_case(const GemmCase& c) {
   const int E = 6, topk = 2;
   // H = 576: 36 output tiles in GEMM2, padded to 40 (exercises the n-tile padding); group 128
   // needs K a multiple of 128, so that case uses H = 384, I = 256 (group 256: H = 512).
-  const int64_t H = c.gl >= 128 ? 512 : 576, I = c.gl >= 128 ? 256 : 192;
+  const int64_t H = c.gl == 128 ? 384 : c.gl == 256 ? 512 : 576, I = c.gl >= 128 ? 256 : 192;
   const int64_t M = c.M, slots = M * topk;
   const int64_t gl1 = c.gl == 0 ? H : c.gl, gl2 = c.gl == 0 ? I : c.gl;
   const int bm = gemm_config_block_m(c.config);
@@ -204,21 +203,13 @@ void run_gemm_case(const GemmCase& c) {
   r.expert_ids = static_cast<const int32_t*>(d_eids.p);
   r.num_tokens_post_padded = static_cast<const int32_t*>(d_ntpp.p);
   r.max_blocks = int64_t(al.expert_ids.size());
-  r.decode_warps = c.decode_warps;
-  // The decode GEMM1's split-K scratch, zeroed once; every launch must leave its counters zero.
-  const int64_t scratch_warps = std::max<int64_t>(c.decode_warps, decode_grid_warps(c.bits, c.act));
-  DeviceArray d_scratch(decode_scratch_bytes(scratch_warps));
-  CUDA_OK(cudaMemset(d_scratch.p, 0, decode_scratch_bytes(scratch_warps)));
-  r.splitk_scratch = d_scratch.p;
-  r.splitk_scratch_bytes = decode_scratch_bytes(scratch_warps);
+  r.decode_kw = c.decode_kw;
   r.epilogue = GemmEpilogue::SiluMul;
   r.x = d_x.p;
   r.x_stride = H;
   r.out = d_inter.p;
   launch_moe_gemm(dev(g1, d_q1, d_s1, d_z1), r, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
-  for (int32_t v : d_scratch.get<int32_t>(size_t(scratch_warps)))
-    ASSERT_EQ(v, 0) << "a split-K arrival counter was left non-zero";
 
   // GEMM1 check: every valid padded position holds silu(gate)*up of its token and expert.
   const std::vector<uint16_t> inter = d_inter.get<uint16_t>(size_t(max_padded * I));
@@ -381,23 +372,22 @@ TEST(MoeGemm, AllGroupLengthsInt4Bf16) {
     for (bool z : {false, true}) run_gemm_case({4, DType::BF16, gl, z, 0, 5});
 }
 
-// The decode kernel (config m8 without act-order) with forced stream-K shapes: one warp doing
-// everything, uneven ranges, and more warps than turns (every tile pair's K range shared by
-// several warps, so GEMM1 goes through the split-K fixup); static groups of 1, 2 and 4 chunks
-// (group 64 with K % 256 == 0, 128, 256), run-time ones (K = 576 or 192: partial turns; one group
-// of K), the per-weight path (group 32, and int8 with bf16), and M = 9 (two m-blocks on one
-// expert). GEMM2 split-K values are ignored by this kernel (it balances K itself).
-TEST(MoeGemm, DecodeKernelStreamK) {
+// The decode kernel (config m8 without act-order) with every in-block K split and a forced
+// split-K across blocks: slices that end mid-group, empty slices (K = 192: 3 chunks for 4 warps),
+// static groups of 1, 2 and 4 chunks (group 64, 128, 256) and run-time ones (one group of K), the
+// per-weight path (group 32, and int8 with bf16), and M = 9 (two m-blocks on one expert).
+TEST(MoeGemm, DecodeKernelEveryKSplit) {
   WNA16_REQUIRE_GPU();
   int i = 0;
   for (int bits : {4, 8})
     for (DType act : {DType::BF16, DType::F16})
-      for (int warps : {0, 1, 7, 37, 1000}) {
-        const int64_t gls[] = {128, 64, 32, 0, 256, 128};
-        const int64_t Ms[] = {1, 3, 9};
-        run_gemm_case({bits, act, gls[i % 6], (i % 3) == 1, 0, Ms[i % 3], warps, 0});
-        ++i;
-      }
+      for (int kw : {1, 2, 4})
+        for (int splits : {0, 3}) {
+          const int64_t gls[] = {128, 64, 32, 0, 256};
+          const int64_t Ms[] = {1, 3, 9};
+          run_gemm_case({bits, act, gls[i % 5], (i % 3) == 1, 0, Ms[i % 3], kw, splits});
+          ++i;
+        }
 }
 
 TEST(MoeGemm, RefusesBadShapes) {

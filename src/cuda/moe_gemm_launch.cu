@@ -165,6 +165,14 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   if (!w.qweight || !w.scales || !r.x || !r.out || !r.sorted_ids || !r.expert_ids ||
       (r.mb_count < 0 && !r.num_tokens_post_padded) || (r.epilogue == GemmEpilogue::WeightedSum && !r.topk_weights))
     throw Error("launch_moe_gemm: a required device pointer is null");
+  {
+    // The staged and prefill kernels index x with 32-bit element offsets.
+    const int64_t x_rows = r.epilogue == GemmEpilogue::SiluMul ? r.num_slots / std::max(1, r.topk)
+                                                                : r.max_blocks * gemm_config_block_m(r.config);
+    if (x_rows * r.x_stride + w.K >= (int64_t(1) << 31))
+      throw Error("x of " + std::to_string(x_rows) + " rows x " + std::to_string(r.x_stride) +
+                  " elements is above the kernels' 2^31 element index range");
+  }
   if (w.E * w.G * w.NT * 8 >= (int64_t(1) << 31))
     throw Error("scale table of " + std::to_string(w.E * w.G * w.NT * 8) + " words is above the kernel's 2^31 index range");
   if (r.num_slots == 0 || r.mb_count == 0) return;

@@ -165,16 +165,21 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
     const int mstride = p.NT * 8;                    // meta words per group
     const int meta_base = int(int64_t(expert) * p.meta_stride + int64_t(nb) * NTB * 8);
 
+    // x element offset of this thread's 4 token rows (-1: padding), once per item: 32-bit (the
+    // launcher checks that x's rows fit), so they cost 4 registers, not 8.
+    int xo[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = 32 * i + xr0;
+      xo[i] = r < nvalid ? s_src[r] * int(p.x_stride) + 2 * xp8 : -1;
+    }
     auto load_stage = [&](int kc, int st) {
       unsigned char* sb = smem + st * S::kStage;
       // Tokens: pair (lane & 7) + 8c of each row; c rotates with the row (bank-conflict free).
-      // NOTE: the row's source is re-read from s_src per stage (not kept in 8 pointer registers:
-      // the accumulators need them).
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int r = 32 * i + xr0;
-        if (r >= nvalid) continue;
-        const T* src = x + int64_t(s_src[r]) * p.x_stride + kc * 64 + 2 * xp8;
+        if (xo[i] < 0) continue;
+        const T* src = x + (xo[i] + kc * 64);
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) {
           const int c = (cc + (lane >> 3)) & 3;

@@ -36,27 +36,15 @@ __device__ __forceinline__ void zero_fill(float4* p, int64_t n4) {
 }
 
 // ---- router, few tokens: every weight row is read once, the H axis spread over a whole block ----
-// R router rows per block (DeepSeek-V3: R = 2, 129 blocks, one per SM on 132 SMs, the 7.3 MB read
-// spread evenly; Mixtral: R = 1, 8 blocks). Each thread issues all its row loads of a batch
-// (kSmallBatch float4 per row, 32 KB of row per block and row) before the first use, so one DRAM
-// round trip covers H <= 8192. R = 2 halves the x loads (L2 requests that compete with the router's
-// for the SM's outstanding-miss slots) per router byte. The router loads are streaming
-// (L1::no_allocate) with a 256-byte L2 prefetch hint. Each row's sum is the same at any R: thread
-// t's partial over h = (b * 256 + t) * 4, then the warp butterfly, then the 8 warps in order.
+// One router row per block (DeepSeek-V3: 256 blocks, ~2 per SM, the 7.3 MB read spread over the
+// whole GPU). Each thread issues all its row loads of a batch (kSmallBatch float4, 32 KB of row
+// per block) before the first use, so one DRAM round trip covers H <= 8192.
 // NOTE: a plain `#pragma unroll 8` loop with a run-time trip count of 7 ran entirely in the
 // remainder loop: one dependent DRAM round trip per float4.
 constexpr int kSmallThreads = 256;
-constexpr int kSmallBatch = 8;  // float4 row loads in flight per thread and row
+constexpr int kSmallBatch = 8;  // float4 row loads in flight per thread
 constexpr int kSmallM = 8;      // tokens per block
 constexpr int kSmallMaxM = 32;  // above this the tiled kernel re-reads the router far less
-
-__device__ __forceinline__ float4 ldg_stream(const float* p) {
-  float4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // x[0..3] as floats; kVec: one 8-byte load (x 8-byte aligned, H a multiple of 4).
 template <class T, bool kVec>
@@ -81,7 +69,7 @@ __device__ __forceinline__ void load_x4(const T* p, float (&f)[4]) {
   }
 }
 
-template <class T, bool kVecX, int R>
+template <class T, bool kVecX>
 __global__ void __launch_bounds__(kSmallThreads)
     router_small_kernel(const T* __restrict__ x, int M, int H, const float* __restrict__ router, int E, int E_ext,
                         float* __restrict__ logits, float* __restrict__ gate_logit, float4* __restrict__ zero,
@@ -89,19 +77,16 @@ __global__ void __launch_bounds__(kSmallThreads)
   // The routing kernel (launched with programmatic dependent launch) may get resident now; it
   // waits for this grid's completion before reading the logits.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  const int e0 = blockIdx.x * R, m0 = blockIdx.y * kSmallM;
+  const int e = blockIdx.x, m0 = blockIdx.y * kSmallM;
   const int mt = min(kSmallM, M - m0);
-  float acc[R][kSmallM] = {};
+  const float* row = router + int64_t(e) * H;
+  float acc[kSmallM] = {};
   for (int h0 = 0; h0 < H; h0 += kSmallThreads * 4 * kSmallBatch) {
-    float4 r[R][kSmallBatch];
+    float4 r[kSmallBatch];
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const float* row = router + int64_t(min(e0 + i, E_ext - 1)) * H;  // a past-the-end row reads row E_ext-1
-#pragma unroll
-      for (int b = 0; b < kSmallBatch; ++b) {
-        const int h = h0 + (b * kSmallThreads + int(threadIdx.x)) * 4;
-        r[i][b] = h < H ? ldg_stream(row + h) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
+    for (int b = 0; b < kSmallBatch; ++b) {
+      const int h = h0 + (b * kSmallThreads + int(threadIdx.x)) * 4;
+      r[b] = h < H ? __ldg(reinterpret_cast<const float4*>(row + h)) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int m = 0; m < kSmallM; ++m) {
@@ -113,33 +98,28 @@ __global__ void __launch_bounds__(kSmallThreads)
         if (h < H) {
           float v[4];
           load_x4<T, kVecX>(xr + h, v);
-#pragma unroll
-          for (int i = 0; i < R; ++i)
-            acc[i][m] += r[i][b].x * v[0] + r[i][b].y * v[1] + r[i][b].z * v[2] + r[i][b].w * v[3];
+          acc[m] += r[b].x * v[0] + r[b].y * v[1] + r[b].z * v[2] + r[b].w * v[3];
         }
       }
     }
   }
   zero_fill(zero, zero_n4);  // after the loads are in flight: the stores only take issue slots
-  __shared__ float part[kSmallThreads / 32][R][kSmallM];
+  __shared__ float part[kSmallThreads / 32][kSmallM];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-  for (int i = 0; i < R; ++i)
+  for (int m = 0; m < kSmallM; ++m) {
+    float v = acc[m];
 #pragma unroll
-    for (int m = 0; m < kSmallM; ++m) {
-      if (m >= mt) break;  // block-uniform: no butterflies for absent tokens
-      float v = acc[i][m];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) part[warp][i][m] = v;
-    }
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) part[warp][m] = v;
+  }
   __syncthreads();
-  if (threadIdx.x < R * kSmallM) {
-    const int i = threadIdx.x / kSmallM, m = threadIdx.x % kSmallM, e = e0 + i;
-    if (m < mt && e < E_ext) {
-      float v = 0.f;
+  if (threadIdx.x < kSmallM) {
+    const int m = threadIdx.x;
+    float v = 0.f;
 #pragma unroll
-      for (int w = 0; w < kSmallThreads / 32; ++w) v += part[w][i][m];
+    for (int w = 0; w < kSmallThreads / 32; ++w) v += part[w][m];
+    if (m < mt) {
       if (e < E) logits[int64_t(m0 + m) * E + e] = v;
       else gate_logit[m0 + m] = v;
     }
@@ -423,22 +403,16 @@ struct SplitPlan {
 };
 constexpr size_t kSplitMaxSmem = 200 * 1024;
 
-// The SM count of the device in use when first asked (the layer runs on one device).
-int sm_count() {
-  static std::atomic<int> cached{0};
-  int sms = cached.load(std::memory_order_relaxed);
+SplitPlan plan_split(int64_t M, int64_t H, int E_ext) {
+  SplitPlan p;
+  static std::atomic<int> sm_count{0};
+  int sms = sm_count.load(std::memory_order_relaxed);
   if (sms == 0) {
     int dev = 0;
     WNA16_CUDA_CHECK(cudaGetDevice(&dev));
     WNA16_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    cached.store(sms, std::memory_order_relaxed);
+    sm_count.store(sms, std::memory_order_relaxed);
   }
-  return sms;
-}
-
-SplitPlan plan_split(int64_t M, int64_t H, int E_ext) {
-  SplitPlan p;
-  const int sms = sm_count();
   const int target_tiles = std::max(1, sms / kSplitCluster);
   const int rows = (E_ext + target_tiles - 1) / target_tiles;
   if (rows <= 1) { p.WR = 1; p.RW = 1; }
@@ -517,15 +491,15 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
       }
     }
     if (M <= kSmallMaxM) {
-      // Two rows per block where that still gives about one block per SM (E_ext >= 2 x SMs - a few).
-      const bool two = E_ext >= 2 * sm_count() - 8;
-      const int R = two ? 2 : 1;
-      const dim3 grid(unsigned((E_ext + R - 1) / R), unsigned((M + kSmallM - 1) / kSmallM));
-      const bool vec = reinterpret_cast<uintptr_t>(x) % 8 == 0;
-      auto k = two ? (vec ? router_small_kernel<T, true, 2> : router_small_kernel<T, false, 2>)
-                   : (vec ? router_small_kernel<T, true, 1> : router_small_kernel<T, false, 1>);
-      k<<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits, gate_logit,
-                                       reinterpret_cast<float4*>(zero), zero_n / 4);
+      const dim3 grid(unsigned(E_ext), unsigned((M + kSmallM - 1) / kSmallM));
+      if (reinterpret_cast<uintptr_t>(x) % 8 == 0)
+        router_small_kernel<T, true><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits,
+                                                                    gate_logit, reinterpret_cast<float4*>(zero),
+                                                                    zero_n / 4);
+      else
+        router_small_kernel<T, false><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits,
+                                                                     gate_logit, reinterpret_cast<float4*>(zero),
+                                                                     zero_n / 4);
     } else {
       dim3 grid((E_ext + kTile - 1) / kTile, unsigned((M + kTile - 1) / kTile));
       router_tiled_kernel<T><<<grid, kTileThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits, gate_logit,

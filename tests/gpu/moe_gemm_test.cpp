@@ -366,6 +366,39 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
   }
 }
 
+// The staged and prefill kernels index x with 32-bit element offsets: a GEMM whose x would not fit
+// is refused before launch, naming the sizes (host-only: runs without a GPU too).
+TEST(MoeGemm, RefusesXBeyondIndexRange) {
+  DeviceGemm d;
+  d.bits = 4;
+  d.E = 2;
+  d.K = 64;
+  d.N = 128;
+  d.NT = 8;
+  d.group_len = 64;
+  d.G = 1;
+  int dummy = 0;
+  d.qweight = &dummy;
+  d.scales = reinterpret_cast<const uint32_t*>(&dummy);
+  GemmRun r;
+  r.config = 2;
+  r.epilogue = GemmEpilogue::SiluMul;
+  r.x = &dummy;
+  r.out = &dummy;
+  r.sorted_ids = &dummy;
+  r.expert_ids = &dummy;
+  r.num_tokens_post_padded = &dummy;
+  r.topk = 1;
+  r.num_slots = int64_t(1) << 30;  // 2^30 token rows of 64 elements
+  r.x_stride = 64;
+  try {
+    launch_moe_gemm(d, r, nullptr);
+    FAIL() << "x of 2^36 elements accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2^31 element index range"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MoeGemm, AllGroupLengthsInt4Bf16) {
   WNA16_REQUIRE_GPU();
   for (int64_t gl : {32, 64, 128, 0})

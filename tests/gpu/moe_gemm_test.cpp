@@ -337,13 +337,9 @@ TEST(MoeGemm, PrefillWgmmaDiagnostics) {
 }
 
 // Host-side only (runs without a GPU too): no CUDA call happens before the refusal.
-TEST(MoeGemm, PrefillRefusesActOrder) {
-  const int config = config_named("m128w");
-  ASSERT_GE(config, 0);
-  if (!std::getenv("WNA16_NO_WGMMA_PREFILL") && !std::getenv("WNA16_PREFILL_MIN_TOKENS")) {
-    EXPECT_EQ(choose_gemm_config(4096, 8, 256, false), config);  // DeepSeek-V3 prefill: ~128 per expert
-  }
-  EXPECT_NE(choose_gemm_config(4096, 8, 256, true), config);
+// A valid 2-expert int4 GEMM shape whose pointers are a host dummy: for the host-only tests of
+// launch_moe_gemm's checks, which must throw before anything is launched.
+DeviceGemm tiny_host_gemm(const int* dummy) {
   DeviceGemm d;
   d.bits = 4;
   d.E = 2;
@@ -352,9 +348,20 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
   d.NT = 8;
   d.group_len = 64;
   d.G = 1;
+  d.qweight = dummy;
+  d.scales = reinterpret_cast<const uint32_t*>(dummy);
+  return d;
+}
+
+TEST(MoeGemm, PrefillRefusesActOrder) {
+  const int config = config_named("m128w");
+  ASSERT_GE(config, 0);
+  if (!std::getenv("WNA16_NO_WGMMA_PREFILL") && !std::getenv("WNA16_PREFILL_MIN_TOKENS")) {
+    EXPECT_EQ(choose_gemm_config(4096, 8, 256, false), config);  // DeepSeek-V3 prefill: ~128 per expert
+  }
+  EXPECT_NE(choose_gemm_config(4096, 8, 256, true), config);
   int dummy = 0;
-  d.qweight = &dummy;
-  d.scales = reinterpret_cast<const uint32_t*>(&dummy);
+  DeviceGemm d = tiny_host_gemm(&dummy);
   d.perm = &dummy;
   GemmRun r;
   r.config = config;
@@ -369,17 +376,8 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
 // The staged and prefill kernels index x with 32-bit element offsets: a GEMM whose x would not fit
 // is refused before launch, naming the sizes (host-only: runs without a GPU too).
 TEST(MoeGemm, RefusesXBeyondIndexRange) {
-  DeviceGemm d;
-  d.bits = 4;
-  d.E = 2;
-  d.K = 64;
-  d.N = 128;
-  d.NT = 8;
-  d.group_len = 64;
-  d.G = 1;
   int dummy = 0;
-  d.qweight = &dummy;
-  d.scales = reinterpret_cast<const uint32_t*>(&dummy);
+  const DeviceGemm d = tiny_host_gemm(&dummy);
   GemmRun r;
   r.config = 2;
   r.epilogue = GemmEpilogue::SiluMul;

@@ -120,7 +120,10 @@ struct GemmRun {
   int64_t mb_begin = 0;           // first m-block
   int64_t mb_count = -1;          // < 0: all m-blocks, count read on the device from num_tokens_post_padded
   int splits = 1;                 // split-K (WeightedSum only)
-  int decode_kw = 0;              // decode kernel (config m8): warps per tile pair along K, 1/2/4; 0: chosen
+  int decode_kw = 0;              // decode kernel (config m8): warps per tile unit along K, 1/2/4; 0: chosen
+  // Decode kernel, int4: a warp owns two adjacent gate/up tile pairs (4 tiles) instead of one.
+  // Int8 always runs one pair per warp. The layer sets it from decode_4tiles_default().
+  bool decode_4tiles = false;
   // Launch as a programmatic dependent of the previous kernel in the stream: the decode kernel
   // streams its first weights while that kernel finishes and waits for it before reading x.
   // Ignored (a plain launch) by the staged kernels, which read x from the start.
@@ -134,7 +137,11 @@ const char* gemm_config_name(int config);
 // gathers x through a perm (some configs have no gather and are never chosen then).
 int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order);
 // Split-K for the WeightedSum GEMM so that the work items fill the resident blocks once.
-int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk);
+// decode_4tiles: the split is for the decode kernel's 4-tile variant (GemmRun::decode_4tiles).
+int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk, bool decode_4tiles = false);
+// The A/B switch WNA16_DECODE_4TILES=1 (read once): the layer's GemmRun::decode_4tiles. Off by
+// default until measured.
+bool decode_4tiles_default();
 
 // Sets the kernels' shared-memory limits and reads their occupancy (no launch); launch_moe_gemm
 // does it on first use otherwise. Call before capturing a graph.

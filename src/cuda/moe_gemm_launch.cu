@@ -95,26 +95,46 @@ int64_t estimate_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm) {
   return std::max<int64_t>(1, std::min<int64_t>(active + spill, (slots + bm - 1) / bm + E));
 }
 
-// Decode kernel: the critical path, in k-chunks, of a work shape on a persistent grid: rounds of
-// resident blocks x (chunks per warp + the ring's fill, paid again by every item).
+// Decode kernel: the critical path, in units of one tile pair's k-chunk (1 KB of int4), of a work
+// shape on a persistent grid: rounds of resident blocks x (chunks per warp x a chunk's time + the
+// ring's fill, paid again by every item). ppw = 2 (the 4-tile variant): a warp's chunk is two
+// pairs' chunks, which take kDecode4TileChunkCost pair chunks of time (its instructions per chunk
+// over the pair kernel's; the per-warp rate is bound by the warp's own instruction stream), and a
+// block covers twice the pairs (units of 2 pairs; kw = 1 blocks may hang over N).
+// NOTE: 1.7 is the main loop's instruction ratio (nvcc -ptx, see docs/perf.md), not a measurement.
+constexpr double kDecode4TileChunkCost = 1.7;
 struct DecodeShape {
   int kw = 1;
   double cost = 0;
 };
-DecodeShape best_decode_kw(int64_t mblocks, int64_t pairs, int64_t splits, int64_t kc_per_split, int64_t resident) {
+DecodeShape best_decode_kw(int64_t mblocks, int64_t pairs, int64_t splits, int64_t kc_per_split, int64_t resident,
+                           int ppw) {
   DecodeShape best{1, 1e300};
+  const int64_t units = (pairs + ppw - 1) / ppw;
+  const double chunk = ppw == 2 ? kDecode4TileChunkCost : 1.0;
   for (int kw : {1, 2, 4}) {
     if (kw > 1 && kc_per_split < 4 * kw) break;  // keep >= 4 chunks per warp
-    const int64_t blocks = mblocks * (pairs * kw / gemm::kDecodeWarps) * splits;
+    const int64_t units_per_block = gemm::kDecodeWarps / kw;
+    const int64_t blocks = mblocks * ((units + units_per_block - 1) / units_per_block) * splits;
     const int64_t rounds = (blocks + resident - 1) / resident;
-    const double cost = double(rounds) * (double(kc_per_split) / kw + gemm::kDecodePF);
+    const double cost = double(rounds) * (double(kc_per_split) / kw * chunk + gemm::kDecodePF);
     if (cost < best.cost * (1 - 1e-9)) best = {kw, cost};
   }
   return best;
 }
+// Pairs per warp of the decode kernel for this GEMM: 2 only for int4 with the 4-tile variant asked.
+int decode_ppw(const DeviceGemm& w, bool decode_4tiles) { return decode_4tiles && w.bits == 4 ? 2 : 1; }
 }  // namespace
 
-int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk) {
+bool decode_4tiles_default() {
+  static const bool on = [] {
+    const char* v = std::getenv("WNA16_DECODE_4TILES");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+
+int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk, bool decode_4tiles) {
   // Work items = m-blocks x n-blocks x splits run on a persistent grid of the resident blocks.
   // The m-block count is only known on the device: estimate it (distinct experts + the tokens'
   // own blocks). Split K so the items fill the resident blocks once, never a little more (a
@@ -129,7 +149,7 @@ int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t
     double best_cost = 1e300;
     for (int64_t sp = 1; sp <= 8 && (sp == 1 || kc / sp >= 8); ++sp) {
       const int64_t per = (kc + sp - 1) / sp;
-      const double cost = best_decode_kw(est_mblocks, w.NT / 2, sp, per, resident).cost;
+      const double cost = best_decode_kw(est_mblocks, w.NT / 2, sp, per, resident, decode_ppw(w, decode_4tiles)).cost;
       if (cost < best_cost * (1 - 1e-9)) best_cost = cost, best = int(sp);
     }
     return best;
@@ -238,6 +258,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   static const bool no_pdl = std::getenv("WNA16_NO_GEMM_PDL") != nullptr;  // A/B switch
   kp.pdl = r.overlap_previous && !no_pdl ? 1 : 0;
   if (r.config == 0 && !w.perm) {
+    kp.decode_ppw = decode_ppw(w, r.decode_4tiles);
     // Decode kernel: the fewest warps per tile pair (k-slices summed in shared memory) that give
     // two blocks per resident slot, so the last round of a persistent grid stays short.
     if (r.decode_kw != 0) {
@@ -247,7 +268,9 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     } else {
       const int64_t mblocks = r.mb_count >= 0 ? r.mb_count
                                               : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
-      kp.decode_kw = best_decode_kw(mblocks, w.NT / 2, kp.splits, kp.kc_per_split, resident_blocks(w.bits, r.config, r.act)).kw;
+      kp.decode_kw = best_decode_kw(mblocks, w.NT / 2, kp.splits, kp.kc_per_split,
+                                    resident_blocks(w.bits, r.config, r.act), kp.decode_ppw)
+                         .kw;
     }
   }
   auto s = static_cast<cudaStream_t>(stream);

@@ -205,7 +205,7 @@ void run_gemm_case(const GemmCase& c) {
   r.num_tokens_post_padded = static_cast<const int32_t*>(d_ntpp.p);
   r.max_blocks = int64_t(al.expert_ids.size());
   r.decode_kw = c.decode_kw;
-  r.decode_4tiles = c.tiles4;
+  r.decode_4tiles = c.tiles4 ? kDecode4Tiles : kDecodePairs;
   r.epilogue = GemmEpilogue::SiluMul;
   r.x = d_x.p;
   r.x_stride = H;
@@ -252,7 +252,7 @@ void run_gemm_case(const GemmCase& c) {
   r.out = d_out.p;
   r.topk_weights = static_cast<const float*>(d_tw.p);
   const DeviceGemm dg2 = dev(g2, d_q2, d_s2, d_z2);
-  r.splits = c.splits > 0 ? c.splits : choose_splits(dg2, c.config, c.act, M, topk, c.tiles4);
+  r.splits = c.splits > 0 ? c.splits : choose_splits(dg2, c.config, c.act, M, topk, r.decode_4tiles);
   launch_moe_gemm(dg2, r, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<float> out = d_out.get<float>(size_t(M * H));

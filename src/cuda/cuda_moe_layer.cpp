@@ -147,6 +147,7 @@ struct CudaMoeLayer::Impl {
     r.expert_ids = reinterpret_cast<const int32_t*>(ws + L.eids);
     r.num_tokens_post_padded = reinterpret_cast<const int32_t*>(ws + L.ntpp);
     r.max_blocks = L.max_blocks;
+    r.decode_4tiles = decode_4tiles_default();  // A/B switch WNA16_DECODE_4TILES
     return r;
   }
   // GEMM1: x (gathered by slot) times gate|up, SiLU(gate)*up into the intermediate buffer.
@@ -520,7 +521,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   stage_done("GEMM1 (gate/up)", st);
 
   d.set_gemm2(r, acc, w2, ws, L);
-  r.splits = choose_splits(d.g2, config, act, M, d.k2);
+  r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);
   r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail
   launch_moe_gemm(d.g2, r, st);
   stage_done("GEMM2 (down)", st);
@@ -570,7 +571,7 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
     d.set_gemm2(r, acc, w2, ws, L);
     r.mb_begin = b0;
     r.mb_count = nb;
-    r.splits = choose_splits(d.g2, config, act, M, d.k2);
+    r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);
     launch_moe_gemm(d.g2, r, st);
   }
   // After the last GEMM2 launch (plain launches here) the cast, a programmatic dependent: its

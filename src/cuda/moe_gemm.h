@@ -120,7 +120,11 @@ struct GemmRun {
   int64_t mb_begin = 0;           // first m-block
   int64_t mb_count = -1;          // < 0: all m-blocks, count read on the device from num_tokens_post_padded
   int splits = 1;                 // split-K (WeightedSum only)
-  int decode_kw = 0;              // decode kernel (config m8): warps per tile pair along K, 1/2/4; 0: chosen
+  int decode_kw = 0;              // decode kernel (config m8): warps per tile unit along K, 1/2/4; 0: chosen
+  // Decode kernel, int4: kDecodePairs (0): a warp owns one gate/up tile pair; kDecode4Tiles (1):
+  // two adjacent pairs (4 tiles); kDecodeTilesAuto (2): per GEMM, the shape the critical-path model
+  // predicts faster. Int8 always runs one pair per warp. The layer sets it from decode_4tiles_default().
+  int decode_4tiles = 0;
   // Launch as a programmatic dependent of the previous kernel in the stream: the decode kernel
   // streams its first weights while that kernel finishes and waits for it before reading x.
   // Ignored (a plain launch) by the staged kernels, which read x from the start.
@@ -133,8 +137,13 @@ const char* gemm_config_name(int config);
 // The tile config for M tokens routed to E experts with topk slots each; act_order: the GEMM
 // gathers x through a perm (some configs have no gather and are never chosen then).
 int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order);
+constexpr int kDecodePairs = 0, kDecode4Tiles = 1, kDecodeTilesAuto = 2;  // GemmRun::decode_4tiles
 // Split-K for the WeightedSum GEMM so that the work items fill the resident blocks once.
-int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk);
+// decode_4tiles: the decode kernel's variant (GemmRun::decode_4tiles) the split is for.
+int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk, int decode_4tiles = kDecodePairs);
+// The A/B switch WNA16_DECODE_4TILES (read once): "1" kDecode4Tiles, "auto" kDecodeTilesAuto,
+// unset (or anything else) kDecodePairs until measured. The layer's GemmRun::decode_4tiles.
+int decode_4tiles_default();
 
 // Sets the kernels' shared-memory limits and reads their occupancy (no launch); launch_moe_gemm
 // does it on first use otherwise. Call before capturing a graph.

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "cuda/cuda_check.h"
 #include "cuda/moe_gemm.h"
@@ -95,26 +96,64 @@ int64_t estimate_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm) {
   return std::max<int64_t>(1, std::min<int64_t>(active + spill, (slots + bm - 1) / bm + E));
 }
 
-// Decode kernel: the critical path, in k-chunks, of a work shape on a persistent grid: rounds of
-// resident blocks x (chunks per warp + the ring's fill, paid again by every item).
+// Decode kernel: the critical path, in units of one tile pair's k-chunk (1 KB of int4), of a work
+// shape on a persistent grid: rounds of resident blocks x (chunks per warp x a chunk's time + the
+// ring's fill, paid again by every item). ppw = 2 (the 4-tile variant): a warp's chunk is two
+// pairs' chunks, which take kDecode4TileChunkCost pair chunks of time (its instructions per chunk
+// over the pair kernel's; the per-warp rate is bound by the warp's own instruction stream), and a
+// block covers twice the pairs (units of 2 pairs; kw = 1 blocks may hang over N).
+// NOTE: 1.7 is the main loop's instruction ratio (nvcc -ptx, see docs/perf.md), not a measurement.
+constexpr double kDecode4TileChunkCost = 1.7;
 struct DecodeShape {
   int kw = 1;
   double cost = 0;
 };
-DecodeShape best_decode_kw(int64_t mblocks, int64_t pairs, int64_t splits, int64_t kc_per_split, int64_t resident) {
+DecodeShape best_decode_kw(int64_t mblocks, int64_t pairs, int64_t splits, int64_t kc_per_split, int64_t resident,
+                           int ppw) {
   DecodeShape best{1, 1e300};
+  const int64_t units = (pairs + ppw - 1) / ppw;
+  const double chunk = ppw == 2 ? kDecode4TileChunkCost : 1.0;
   for (int kw : {1, 2, 4}) {
     if (kw > 1 && kc_per_split < 4 * kw) break;  // keep >= 4 chunks per warp
-    const int64_t blocks = mblocks * (pairs * kw / gemm::kDecodeWarps) * splits;
+    const int64_t units_per_block = gemm::kDecodeWarps / kw;
+    const int64_t blocks = mblocks * ((units + units_per_block - 1) / units_per_block) * splits;
     const int64_t rounds = (blocks + resident - 1) / resident;
-    const double cost = double(rounds) * (double(kc_per_split) / kw + gemm::kDecodePF);
+    const double cost = double(rounds) * (double(kc_per_split) / kw * chunk + gemm::kDecodePF);
     if (cost < best.cost * (1 - 1e-9)) best = {kw, cost};
+  }
+  return best;
+}
+// The pairs per warp (1 or 2) the decode kernel may run this GEMM with: {lo, hi}. Int4 only has 2.
+std::pair<int, int> decode_ppw_range(const DeviceGemm& w, int decode_4tiles) {
+  if (w.bits != 4 || decode_4tiles == kDecodePairs) return {1, 1};
+  return decode_4tiles == kDecode4Tiles ? std::pair{2, 2} : std::pair{1, 2};
+}
+// The best shape over the allowed pairs per warp (ties: one pair, the measured kernel).
+struct DecodeChoice {
+  DecodeShape shape;
+  int ppw = 1;
+};
+DecodeChoice best_decode_shape(int64_t mblocks, int64_t pairs, int64_t splits, int64_t kc_per_split, int64_t resident,
+                               std::pair<int, int> ppw_range) {
+  DecodeChoice best{{1, 1e300}, 1};
+  for (int ppw = ppw_range.first; ppw <= ppw_range.second; ++ppw) {
+    const DecodeShape s = best_decode_kw(mblocks, pairs, splits, kc_per_split, resident, ppw);
+    if (s.cost < best.shape.cost * (1 - 1e-9)) best = {s, ppw};
   }
   return best;
 }
 }  // namespace
 
-int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk) {
+int decode_4tiles_default() {
+  static const int mode = [] {
+    const char* v = std::getenv("WNA16_DECODE_4TILES");
+    const std::string s = v ? v : "";
+    return s == "1" ? kDecode4Tiles : s == "auto" ? kDecodeTilesAuto : kDecodePairs;
+  }();
+  return mode;
+}
+
+int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk, int decode_4tiles) {
   // Work items = m-blocks x n-blocks x splits run on a persistent grid of the resident blocks.
   // The m-block count is only known on the device: estimate it (distinct experts + the tokens'
   // own blocks). Split K so the items fill the resident blocks once, never a little more (a
@@ -129,7 +168,8 @@ int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t
     double best_cost = 1e300;
     for (int64_t sp = 1; sp <= 8 && (sp == 1 || kc / sp >= 8); ++sp) {
       const int64_t per = (kc + sp - 1) / sp;
-      const double cost = best_decode_kw(est_mblocks, w.NT / 2, sp, per, resident).cost;
+      const double cost =
+          best_decode_shape(est_mblocks, w.NT / 2, sp, per, resident, decode_ppw_range(w, decode_4tiles)).shape.cost;
       if (cost < best_cost * (1 - 1e-9)) best_cost = cost, best = int(sp);
     }
     return best;
@@ -238,17 +278,18 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   static const bool no_pdl = std::getenv("WNA16_NO_GEMM_PDL") != nullptr;  // A/B switch
   kp.pdl = r.overlap_previous && !no_pdl ? 1 : 0;
   if (r.config == 0 && !w.perm) {
-    // Decode kernel: the fewest warps per tile pair (k-slices summed in shared memory) that give
-    // two blocks per resident slot, so the last round of a persistent grid stays short.
-    if (r.decode_kw != 0) {
-      if (r.decode_kw != 1 && r.decode_kw != 2 && r.decode_kw != 4)
-        throw Error("decode_kw=" + std::to_string(r.decode_kw) + " is not 1, 2 or 4");
-      kp.decode_kw = r.decode_kw;
-    } else {
-      const int64_t mblocks = r.mb_count >= 0 ? r.mb_count
-                                              : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
-      kp.decode_kw = best_decode_kw(mblocks, w.NT / 2, kp.splits, kp.kc_per_split, resident_blocks(w.bits, r.config, r.act)).kw;
-    }
+    // Decode kernel: the work shape (warps per unit along K, pairs per warp where the variant is
+    // allowed) of the shortest modelled critical path on the expected m-blocks.
+    if (r.decode_kw != 0 && r.decode_kw != 1 && r.decode_kw != 2 && r.decode_kw != 4)
+      throw Error("decode_kw=" + std::to_string(r.decode_kw) + " is not 1, 2 or 4");
+    if (r.decode_4tiles < kDecodePairs || r.decode_4tiles > kDecodeTilesAuto)
+      throw Error("decode_4tiles=" + std::to_string(r.decode_4tiles) + " is not 0, 1 or 2");
+    const int64_t mblocks = r.mb_count >= 0 ? r.mb_count
+                                            : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
+    const DecodeChoice c = best_decode_shape(mblocks, w.NT / 2, kp.splits, kp.kc_per_split,
+                                             resident_blocks(w.bits, r.config, r.act), decode_ppw_range(w, r.decode_4tiles));
+    kp.decode_ppw = c.ppw;
+    kp.decode_kw = r.decode_kw != 0 ? r.decode_kw : c.shape.kw;
   }
   auto s = static_cast<cudaStream_t>(stream);
   if (w.bits == 4) gemm::launch_w4(&kp, r.config, r.act, upper, s);

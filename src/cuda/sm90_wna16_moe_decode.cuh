@@ -6,7 +6,10 @@
 //    ahead of their use; no shared-memory staging, no barrier per chunk;
 //  - the tokens' activations are read from global memory too (L1 hits after the first warp of the
 //    block), loaded in the same ring;
-//  - a warp owns one gate/up tile pair; kw = 1, 2 or 4 warps of a block share the pair along K and
+//  - a warp owns one gate/up tile pair (PPW = 1) or two adjacent ones (PPW = 2, the "4-tile"
+//    variant, int4 only: the activation reads, the row-sum MMAs and the ring bookkeeping serve
+//    twice the weight bytes; its ring is half as deep in chunks of twice the bytes, so the bytes in
+//    flight per warp stay the same); kw = 1, 2 or 4 warps of a block share the tiles along K and
 //    add their partial sums through shared memory at the end, so that even one token routed to
 //    nine experts gives every SM enough warps (and bytes in flight) to stream at full bandwidth.
 // Act-order (a per-expert activation gather) stays on the staged kernel.
@@ -17,7 +20,7 @@ namespace wna16::cuda::gemm {
 
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
-constexpr int kDecodePF = 4;             // int4 k-chunks (1 KB of weights each) in flight per warp
+constexpr int kDecodePF = 4;             // int4 k-chunks of one tile pair (1 KB of weights each) in flight per warp
 constexpr int kDecodeBM = CfgM8::BLOCK_M;
 // Blocks per SM the register budget is cut for (4: <= 128 registers, 16 warps per SM).
 #ifndef WNA16_DECODE_MIN_BLOCKS
@@ -32,6 +35,10 @@ constexpr int kDecodeMinBlocks = WNA16_DECODE_MIN_BLOCKS;
 constexpr bool kDecodeSmemW = WNA16_DECODE_SMEM_W != 0;  // tokens per m-block: one 8-wide MMA column
 static_assert(kDecodeBM == 8, "one MMA token column per m-block");
 static_assert(PackedGemm::kTilePad % (2 * kDecodeWarps) == 0, "a block's tile pairs must divide the n-tile padding");
+// The 4-tile variant's units (2 pairs) divide the padding, and so do blocks of 2 units (kw = 2, 4).
+// kw = 1 (4 units per block) may leave the last block's warps without tiles: they skip the item.
+static_assert(PackedGemm::kTilePad % 8 == 0, "blocks of two 4-tile units must divide the n-tile padding");
+
 
 // 16 bytes of a weight stream: read once, so keep it out of L1 (the activations live there).
 __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
@@ -46,14 +53,23 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
 // scale (and zero) is applied per weight. CPG (deferred only): the chunks per group when it
 // divides the ring depth, so group boundaries fall on fixed ring slots (slices are then whole
 // groups) and the group bookkeeping, the zeroing of the partial sums and the flush test vanish
-// from the loop; 0: tracked at run time.
-template <class T, int BITS, bool DEFER, int CPG>
+// from the loop; 0: tracked at run time. CPG may exceed the ring depth: the loop body then covers
+// CPG chunks (several turns of the ring). PPW: tile pairs per warp (1, or 2 for int4).
+template <class T, int BITS, bool DEFER, int CPG, int PPW = 1>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_decode_kernel(const KParams p) {
   constexpr int U = BITS / 4;         // uint4 per lane per tile and k-chunk
-  constexpr int PF = kDecodePF / U;   // k-chunks in flight per warp: the same bytes for int4 and int8
+  constexpr int NTW = 2 * PPW;        // tiles per warp
+  constexpr int PF = kDecodePF / U / PPW;  // k-chunks in flight per warp: the same bytes for every variant
+  static_assert(PPW == 1 || (PPW == 2 && BITS == 4), "two pairs per warp: int4 only (int8 would leave a 1-chunk ring)");
+  static_assert(PF >= 2, "a ring of at least two chunks");
   static_assert(!DEFER || !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>), "int8 codes exceed bf16's magic range");
-  static_assert(CPG == 0 || (DEFER && PF % (CPG ? CPG : 1) == 0), "static groups need deferred scaling and CPG | PF");
+  constexpr int kCpg = CPG ? CPG : 1;
+  constexpr int UN = PF > kCpg ? PF : kCpg;  // chunks per loop body (unrolled); ring slot = position % PF
+  static_assert(CPG == 0 || (DEFER && UN % kCpg == 0 && UN % PF == 0), "static groups need deferred scaling, CPG | UN, PF | UN");
   constexpr bool kStaticGroups = CPG != 0;
+  // Deferred partial-sum chains per tile: two (even / odd k-steps) with one pair, so consecutive
+  // MMAs do not wait on each other; one with two pairs (four tiles already give four chains).
+  constexpr int CH = PPW == 1 ? 2 : 1;
   // Per-warp rings, PF chunks deep, filled by cp.async: the activations ([token row][16-byte unit],
   // rows padded to 9 units against bank conflicts) and the scale / zero words of each tile.
   constexpr int kXRingSlot = kDecodeBM * 9;
@@ -61,9 +77,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   // The k-slices' partial sums [tile][reg][lane] of warp w, in w's own activation ring (free once
   // w's cp.async groups are drained at the end of an item).
   auto red = [&](int w) { return reinterpret_cast<float*>(&xs_ring[w][0][0][0]); };
-  static_assert(sizeof(xs_ring[0]) >= 2 * 4 * 32 * sizeof(float), "partial sums fit in a warp's ring");
-  __shared__ uint32_t meta_ring[kDecodeWarps][PF][4][32];  // [.][.][scale tile 0, tile 1, zero 0, zero 1][lane]
-  __shared__ uint4 w_ring[kDecodeSmemW ? kDecodeWarps : 1][kDecodeSmemW ? PF : 1][2 * U][32];  // kDecodeSmemW only
+  static_assert(sizeof(xs_ring[0]) >= NTW * 4 * 32 * sizeof(float), "partial sums fit in a warp's ring");
+  // [warp][ring][scale of tile 0 .. NTW-1, zero of tile 0 .. NTW-1][lane]
+  __shared__ uint32_t meta_ring[kDecodeWarps][PF][2 * NTW][32];
+  __shared__ uint4 w_ring[kDecodeSmemW ? kDecodeWarps : 1][kDecodeSmemW ? PF : 1][NTW * U][32];  // kDecodeSmemW only
 
   // Programmatic dependent launch (no-ops without the launch attribute): the next kernel may
   // start its weight prefetch now (griddepcontrol.wait there still waits for this whole grid and
@@ -73,11 +90,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   bool waited = false;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tig = lane & 3;
-  const int kw = p.decode_kw;                      // warps per tile pair along K
-  const int wp = warp / kw, wk = warp % kw;        // pair within the block, k-slice
-  const int pairs_per_block = kDecodeWarps / kw;
+  const int kw = p.decode_kw;                      // warps per unit (PPW tile pairs) along K
+  const int wp = warp / kw, wk = warp % kw;        // unit within the block, k-slice
+  const int units_per_block = kDecodeWarps / kw;
   const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
-  const int nb_count = (p.NT / 2) / pairs_per_block;
+  const int nb_count = ((p.NT / NTW) + units_per_block - 1) / units_per_block;
   const int64_t total = int64_t(num_mb) * nb_count * p.splits;
   const T* x = static_cast<const T*>(p.x);
   const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
@@ -90,6 +107,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     const int mb = p.mb_begin + int(rest / nb_count);
     const int expert = __ldg(p.expert_ids + mb);
     if (expert < 0) continue;  // block-uniform
+    const int unit = nb * units_per_block + wp;
+    const int nt0 = NTW * unit;  // this warp's first tile
+    // PPW = 2, kw = 1: the last block of a row may hang over NT (warp-uniform; no block barrier
+    // follows with kw = 1, and kw = 2, 4 blocks divide NT exactly).
+    if constexpr (PPW > 1)
+      if (nt0 >= p.NT) continue;
     // Lane c < 8 holds token column c's slot (-1: padding); valid columns form a prefix.
     int slot = -1;
     if (lane < kDecodeBM) {
@@ -112,14 +135,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     const int kb = min(ks_end, ks0 + wk * per), ke = min(ks_end, kb + per);
     const int nk = ke - kb;
 
-    const int pair = nb * pairs_per_block + wp;
-    const int nt0 = 2 * pair;
     // Ring loads, in chunk order (one running pointer per stream). Each lane copies exactly what it
     // later reads (its B operand's 32 bytes, its rows' meta words), so its own cp.async.wait_group
     // is the only synchronisation. NOTE: activations and scales need the same lead as the weights:
     // they come from L2 or DRAM, and a round trip under a full DRAM stream is far longer than one
     // chunk's work.
-    uint4 wbuf[kDecodeSmemW ? 1 : PF][2 * U];
+    uint4 wbuf[kDecodeSmemW ? 1 : PF][NTW * U];
     const uint4* wnext = p.qweight + int64_t(expert) * p.qw_stride + int64_t(kb) * wstride + int64_t(nt0) * U * 32 + lane;
     const uint4* xnext = reinterpret_cast<const uint4*>(xrow ? xrow + kb * 64 : x);
     uint4* xring = &xs_ring[warp][0][g][2 * tig];
@@ -142,19 +163,21 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
     auto load_w = [&](int ring) {
 #pragma unroll
-      for (int u = 0; u < 2 * U; ++u) {
+      for (int u = 0; u < NTW * U; ++u) {
         if constexpr (kDecodeSmemW) cp_async16(&w_ring[warp][ring][u][lane], wnext + u * 32);
         else wbuf[ring][u] = ld_stream16(wnext + u * 32);
       }
       wnext += wstride;
     };
-    auto load_x_meta = [&](int ring) {
+    // cyc: the chunk's position in the loop body's UN chunks (static groups: it fixes the group
+    // position).
+    auto load_x_meta = [&](int ring, int cyc) {
       cp_async16_zfill(xring + ring * kXRingSlot, xnext, xrow != nullptr);
       cp_async16_zfill(xring + ring * kXRingSlot + 1, xnext + 1, xrow != nullptr);
       if (xrow) xnext += 8;  // 64 elements
       bool closes;
       if constexpr (kStaticGroups) {
-        closes = ring % (CPG ? CPG : 1) == (CPG ? CPG : 1) - 1;
+        closes = cyc % kCpg == kCpg - 1;
       } else {
         closes = !DEFER || pos == p.chunks_per_group - 1 || kc_next == ke - 1;
         const bool opens = pos == 0 || kc_next == kb;
@@ -164,9 +187,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       if (closes) {
         const int64_t off = int64_t(grp) * mstride;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          cp_async4(mring + (ring * 4 + i) * 32, sbase + off + i * 8);
-          if (zbase) cp_async4(mring + (ring * 4 + 2 + i) * 32, zbase + off + i * 8);
+        for (int i = 0; i < NTW; ++i) {
+          cp_async4(mring + (ring * 2 * NTW + i) * 32, sbase + off + i * 8);
+          if (zbase) cp_async4(mring + (ring * 2 * NTW + NTW + i) * 32, zbase + off + i * 8);
         }
       }
       ++kc_next;
@@ -185,40 +208,47 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
 #pragma unroll
     for (int s = 0; s < PF; ++s) {
-      if (s < nk) load_x_meta(s);
+      if (s < nk) load_x_meta(s, s);
       cp_async_commit();  // one group per chunk, empty past the end (the wait count stays fixed)
     }
 
-    float acc[2][4];
-    // Deferred mode: raw partial sums of the group, two chains per tile (even / odd k-steps) so
-    // consecutive MMAs do not wait on each other; the tokens' row sums likewise.
-    float tmp[DEFER ? 2 : 1][2][4], xsum[2][2];
+    float acc[NTW][4];
+    // Deferred mode: raw partial sums of the group, CH chains per tile; the tokens' row sums in CH
+    // chains too (the halves of the chunk).
+    float tmp[DEFER ? CH : 1][NTW][4], xsum[CH][2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < NTW; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         acc[i][e] = 0.f;
-        tmp[0][i][e] = 0.f;
-        if constexpr (DEFER) tmp[1][i][e] = 0.f;
+#pragma unroll
+        for (int c = 0; c < (DEFER ? CH : 1); ++c) tmp[c][i][e] = 0.f;
       }
-    xsum[0][0] = xsum[0][1] = xsum[1][0] = xsum[1][1] = 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) xsum[c][0] = xsum[c][1] = 0.f;
     const float zsym = magic_value<T>() + float(1 << (BITS - 1));  // magic + zero point, symmetric
     const uint32_t one = ones2<T>();
     const uint32_t ones[4] = {one, one, one, one};
+    auto tsum = [&](int i, int e) {
+      if constexpr (DEFER && CH == 2) return tmp[0][i][e] + tmp[1][i][e];
+      else return tmp[0][i][e];
+    };
 
-    for (int k0 = 0; k0 < nk; k0 += PF) {
+    for (int k0 = 0; k0 < nk; k0 += UN) {
 #pragma unroll
-      for (int s = 0; s < PF; ++s) {
+      for (int s = 0; s < UN; ++s) {
         const int kt = k0 + s;
         if (kt >= nk) break;
+        const int r = s % PF;     // ring slot
+        const int gs = s % kCpg;  // static groups: position in the group
         cp_async_wait<PF - 1>();  // this chunk's activations (and scales) have landed
-        const uint4 xb[2] = {xring[s * kXRingSlot], xring[s * kXRingSlot + 1]};
-        uint32_t wq[2][4 * U];
+        const uint4 xb[2] = {xring[r * kXRingSlot], xring[r * kXRingSlot + 1]};
+        uint32_t wq[NTW][4 * U];
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < NTW; ++i)
 #pragma unroll
           for (int u = 0; u < U; ++u) {
-            const uint4 v = kDecodeSmemW ? w_ring[warp][s][i * U + u][lane] : wbuf[kDecodeSmemW ? 0 : s][i * U + u];
+            const uint4 v = kDecodeSmemW ? w_ring[warp][r][i * U + u][lane] : wbuf[kDecodeSmemW ? 0 : r][i * U + u];
             wq[i][4 * u + 0] = v.x;
             wq[i][4 * u + 1] = v.y;
             wq[i][4 * u + 2] = v.z;
@@ -226,59 +256,75 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
           }
 
         if constexpr (DEFER) {
-          if (kStaticGroups ? s % (CPG ? CPG : 1) == 0 : (starts >> s & 1)) {  // a new group's partial sums
+          if (kStaticGroups ? gs == 0 : (starts >> r & 1)) {  // a new group's partial sums
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < NTW; ++i)
 #pragma unroll
-              for (int e = 0; e < 4; ++e) tmp[0][i][e] = tmp[1][i][e] = 0.f;
-            xsum[0][0] = xsum[0][1] = xsum[1][0] = xsum[1][1] = 0.f;
+              for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int c = 0; c < CH; ++c) tmp[c][i][e] = 0.f;
+#pragma unroll
+            for (int c = 0; c < CH; ++c) xsum[c][0] = xsum[c][1] = 0.f;
           }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             // Row sums of the tokens (the zero-point correction), from an all-ones A operand.
-            float d[4] = {xsum[h][0], xsum[h][1], 0.f, 0.f};
+            float d[4] = {xsum[h % CH][0], xsum[h % CH][1], 0.f, 0.f};
             Act<T>::mma(d, ones, xb[h].x, xb[h].y);
             Act<T>::mma(d, ones, xb[h].z, xb[h].w);
-            xsum[h][0] = d[0];
-            xsum[h][1] = d[1];
+            xsum[h % CH][0] = d[0];
+            xsum[h % CH][1] = d[1];
+            if constexpr (CH == 2) {
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+              for (int i = 0; i < NTW; ++i)
 #pragma unroll
-              for (int jj = 0; jj < 2; ++jj) {
-                uint32_t a[4];
-                raw_codes<T, BITS>(wq[i], 2 * h + jj, a);
-                Act<T>::mma(tmp[jj][i], a, jj ? xb[h].z : xb[h].x, jj ? xb[h].w : xb[h].y);
-              }
+                for (int jj = 0; jj < 2; ++jj) {
+                  uint32_t a[4];
+                  raw_codes<T, BITS>(wq[i], 2 * h + jj, a);
+                  Act<T>::mma(tmp[jj][i], a, jj ? xb[h].z : xb[h].x, jj ? xb[h].w : xb[h].y);
+                }
+            } else {
+              // One chain per tile: the k-step outside, so the NTW MMAs of a step are independent.
+#pragma unroll
+              for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+                for (int i = 0; i < NTW; ++i) {
+                  uint32_t a[4];
+                  raw_codes<T, BITS>(wq[i], 2 * h + jj, a);
+                  Act<T>::mma(tmp[0][i], a, jj ? xb[h].z : xb[h].x, jj ? xb[h].w : xb[h].y);
+                }
+            }
           }
-          if (kStaticGroups ? s % (CPG ? CPG : 1) == (CPG ? CPG : 1) - 1 : (flush >> s & 1)) {
+          if (kStaticGroups ? gs == kCpg - 1 : (flush >> r & 1)) {
             // acc += s * (sum (magic + q) x - (magic + z) * sum x), per weight row and token.
-            const float x0 = xsum[0][0] + xsum[1][0], x1 = xsum[0][1] + xsum[1][1];
+            float x0 = xsum[0][0], x1 = xsum[0][1];
+            if constexpr (CH == 2) x0 += xsum[1][0], x1 += xsum[1][1];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const uint32_t sw = mring[(s * 4 + i) * 32];
+            for (int i = 0; i < NTW; ++i) {
+              const uint32_t sw = mring[(r * 2 * NTW + i) * 32];
               const float s_lo = f16_lo(sw), s_hi = f16_hi(sw);
               float z_lo = zsym, z_hi = zsym;
               if (zbase) {
-                const uint32_t zw = mring[(s * 4 + 2 + i) * 32];
+                const uint32_t zw = mring[(r * 2 * NTW + NTW + i) * 32];
                 z_lo = magic_value<T>() + float(zw & 0xffffu);
                 z_hi = magic_value<T>() + float(zw >> 16);
               }
-              acc[i][0] = fmaf(s_lo, fmaf(-z_lo, x0, tmp[0][i][0] + tmp[1][i][0]), acc[i][0]);
-              acc[i][1] = fmaf(s_lo, fmaf(-z_lo, x1, tmp[0][i][1] + tmp[1][i][1]), acc[i][1]);
-              acc[i][2] = fmaf(s_hi, fmaf(-z_hi, x0, tmp[0][i][2] + tmp[1][i][2]), acc[i][2]);
-              acc[i][3] = fmaf(s_hi, fmaf(-z_hi, x1, tmp[0][i][3] + tmp[1][i][3]), acc[i][3]);
+              acc[i][0] = fmaf(s_lo, fmaf(-z_lo, x0, tsum(i, 0)), acc[i][0]);
+              acc[i][1] = fmaf(s_lo, fmaf(-z_lo, x1, tsum(i, 1)), acc[i][1]);
+              acc[i][2] = fmaf(s_hi, fmaf(-z_hi, x0, tsum(i, 2)), acc[i][2]);
+              acc[i][3] = fmaf(s_hi, fmaf(-z_hi, x1, tsum(i, 3)), acc[i][3]);
             }
           }
         } else {
           // Per-weight dequantisation with the scale of this lane's 16 k (one group).
-          TileMeta<T, BITS> meta[2];
+          TileMeta<T, BITS> meta[NTW];
 #pragma unroll
-          for (int i = 0; i < 2; ++i)
-            meta[i].load(mring[(s * 4 + i) * 32], zbase ? mring[(s * 4 + 2 + i) * 32] : p.default_zero);
+          for (int i = 0; i < NTW; ++i)
+            meta[i].load(mring[(r * 2 * NTW + i) * 32], zbase ? mring[(r * 2 * NTW + NTW + i) * 32] : p.default_zero);
 #pragma unroll
           for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < NTW; ++i)
 #pragma unroll
               for (int jj = 0; jj < 2; ++jj) {
                 uint32_t a[4];
@@ -287,7 +333,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
               }
         }
         // Refill this ring slot now that its weights, activations and scales are consumed.
-        if (kt + PF < nk) load_w(s), load_x_meta(s);
+        if (kt + PF < nk) load_w(r), load_x_meta(r, (s + PF) % UN);
         cp_async_commit();
       }
     }
@@ -296,16 +342,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     // Token columns 2*tig and 2*tig + 1 of the C fragment (shuffles by every lane, before branching).
     const int slot0 = __shfl_sync(0xffffffffu, slot, 2 * tig);
     const int slot1 = __shfl_sync(0xffffffffu, slot, 2 * tig + 1);
-    if (kw > 1) {  // block-uniform: add the k-slices of each pair in its first warp
+    if (kw > 1) {  // block-uniform: add the k-slices of each unit in its first warp
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < NTW; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) red(warp)[(i * 4 + e) * 32 + lane] = acc[i][e];
       __syncthreads();
       if (wk == 0)
         for (int w = 1; w < kw; ++w)
 #pragma unroll
-          for (int i = 0; i < 2; ++i)
+          for (int i = 0; i < NTW; ++i)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][e] += red(warp + w)[(i * 4 + e) * 32 + lane];
       __syncthreads();  // the rings are free for the next item
@@ -314,15 +360,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 
     // ---- epilogue: C rows are weight rows (g, g+8), columns are tokens (2*tig, 2*tig+1) ----
     if (p.epilogue == 0) {
-      const int c_lo = pair * 16 + g, c_hi = c_lo + 8;
-      if (c_lo < p.N / 2) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if ((e ? slot1 : slot0) < 0) continue;
-          char* row = static_cast<char*>(p.out) +
-                      (int64_t(mb) * kDecodeBM + 2 * tig + e) * p.out_stride * int64_t(sizeof(T));
-          Act<T>::store(row + c_lo * sizeof(T), silu(acc[0][e]) * acc[1][e]);
-          if (c_hi < p.N / 2) Act<T>::store(row + c_hi * sizeof(T), silu(acc[0][2 + e]) * acc[1][2 + e]);
+      for (int q = 0; q < PPW; ++q) {  // tile pair PPW * unit + q: tiles 2q (gate), 2q + 1 (up)
+        const int c_lo = (PPW * unit + q) * 16 + g, c_hi = c_lo + 8;
+        if (c_lo < p.N / 2) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if ((e ? slot1 : slot0) < 0) continue;
+            char* row = static_cast<char*>(p.out) +
+                        (int64_t(mb) * kDecodeBM + 2 * tig + e) * p.out_stride * int64_t(sizeof(T));
+            Act<T>::store(row + c_lo * sizeof(T), silu(acc[2 * q][e]) * acc[2 * q + 1][e]);
+            if (c_hi < p.N / 2) Act<T>::store(row + c_hi * sizeof(T), silu(acc[2 * q][2 + e]) * acc[2 * q + 1][2 + e]);
+          }
         }
       }
     } else {
@@ -334,7 +383,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         const float w = __ldg(p.topk_weights + s);
         float* orow = out + int64_t(s / p.topk) * p.out_stride;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < NTW; ++i) {
           const int n_lo = (nt0 + i) * 16 + g;
           if (n_lo < p.N) atomicAdd(orow + n_lo, w * acc[i][e]);
           if (n_lo + 8 < p.N) atomicAdd(orow + n_lo + 8, w * acc[i][2 + e]);
@@ -345,13 +394,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 }
 
 // Blocks of the decode kernel resident per SM (cached per instantiation).
-template <class T, int BITS, bool DEFER, int CPG>
+template <class T, int BITS, bool DEFER, int CPG, int PPW>
 int prepare_decode_variant() {
   static int bps = 0;
   static std::once_flag once;
   std::call_once(once, [] {
-    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG>,
-                                                                   kDecodeThreads, 0));
+    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG, PPW>, kDecodeThreads, 0));
     if (bps < 1) throw Error("the decode kernel cannot be resident on this device");
   });
   return bps;
@@ -359,30 +408,63 @@ int prepare_decode_variant() {
 // Deferred scaling cannot hold int8 codes with bf16: that pair only has the per-weight variant.
 template <class T, int BITS>
 constexpr bool kDecodeCanDefer = !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>);
+// The 4-tile variant (two tile pairs per warp) exists for int4 only.
+template <int BITS>
+constexpr bool kDecodeHas4Tiles = BITS == 4;
 
-// The chunks per group the static-group variants exist for (those dividing the ring depth).
+// The chunks per group the static-group variants exist for (those dividing the pair kernel's ring
+// depth; the 4-tile variant covers the same ones by unrolling its 2-chunk ring twice for 4).
 template <int BITS>
 constexpr bool decode_static_cpg(int cpg) {
   return (cpg == 1 || cpg == 2 || cpg == 4) && (kDecodePF / (BITS / 4)) % cpg == 0;
 }
 
-template <class T, int BITS>
-int prepare_decode() {
-  int a = prepare_decode_variant<T, BITS, false, 0>();
+template <class T, int BITS, int PPW>
+int prepare_decode_ppw() {
+  int a = prepare_decode_variant<T, BITS, false, 0, PPW>();
   if constexpr (kDecodeCanDefer<T, BITS>) {
-    a = std::min(a, prepare_decode_variant<T, BITS, true, 0>());
-    a = std::min(a, prepare_decode_variant<T, BITS, true, 1>());
-    a = std::min(a, prepare_decode_variant<T, BITS, true, 2>());
-    if constexpr (decode_static_cpg<BITS>(4)) a = std::min(a, prepare_decode_variant<T, BITS, true, 4>());
+    a = std::min(a, prepare_decode_variant<T, BITS, true, 0, PPW>());
+    a = std::min(a, prepare_decode_variant<T, BITS, true, 1, PPW>());
+    a = std::min(a, prepare_decode_variant<T, BITS, true, 2, PPW>());
+    if constexpr (decode_static_cpg<BITS>(4)) a = std::min(a, prepare_decode_variant<T, BITS, true, 4, PPW>());
   }
   return a;
 }
+template <class T, int BITS>
+int prepare_decode() {
+  int a = prepare_decode_ppw<T, BITS, 1>();
+  if constexpr (kDecodeHas4Tiles<BITS>) a = std::min(a, prepare_decode_ppw<T, BITS, 2>());
+  return a;
+}
 
-// kp.decode_kw must be set (launch_moe_gemm chooses it). A persistent grid of at most the resident blocks.
+template <class T, int BITS, int PPW>
+void launch_decode_ppw(const cudaLaunchConfig_t& cfg, const KParams& kp) {
+  if constexpr (kDecodeCanDefer<T, BITS>) {
+    if (kp.defer_ok) {
+      // Static groups need every slice to be whole groups: the split's chunk count a multiple of
+      // the group's (launch_moe_gemm rounds it).
+      const bool stat = kp.static_groups && decode_static_cpg<BITS>(kp.chunks_per_group) &&
+                        kp.kc_per_split % kp.chunks_per_group == 0;
+      const int cpg = stat ? kp.chunks_per_group : 0;
+      auto kern = cpg == 1   ? wna16_moe_decode_kernel<T, BITS, true, 1, PPW>
+                  : cpg == 2 ? wna16_moe_decode_kernel<T, BITS, true, 2, PPW>
+                  : cpg == 4 ? wna16_moe_decode_kernel<T, BITS, true, decode_static_cpg<BITS>(4) ? 4 : 0, PPW>
+                             : wna16_moe_decode_kernel<T, BITS, true, 0, PPW>;
+      WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, kp));
+      return;
+    }
+  }
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, false, 0, PPW>, kp));
+}
+
+// kp.decode_kw and kp.decode_ppw must be set (launch_moe_gemm chooses them). A persistent grid of
+// at most the resident blocks.
 template <class T, int BITS>
 void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream) {
+  const int ppw = kDecodeHas4Tiles<BITS> && kp.decode_ppw == 2 ? 2 : 1;
   const int64_t resident = int64_t(prepare_decode<T, BITS>()) * device_info().sms;
-  const int64_t items = upper_mblocks * ((kp.NT / 2) / (kDecodeWarps / kp.decode_kw)) * kp.splits;
+  const int64_t units = kp.NT / (2 * ppw), units_per_block = kDecodeWarps / kp.decode_kw;
+  const int64_t items = upper_mblocks * ((units + units_per_block - 1) / units_per_block) * kp.splits;
   const int64_t grid = std::max<int64_t>(1, std::min(items, resident));
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -393,22 +475,13 @@ void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = kp.pdl ? 1 : 0;
-  if constexpr (kDecodeCanDefer<T, BITS>) {
-    if (kp.defer_ok) {
-      // Static groups need every slice to be whole groups: the split's chunk count a multiple of
-      // the group's (launch_moe_gemm rounds it).
-      const bool stat = kp.static_groups && decode_static_cpg<BITS>(kp.chunks_per_group) &&
-                        kp.kc_per_split % kp.chunks_per_group == 0;
-      const int cpg = stat ? kp.chunks_per_group : 0;
-      auto kern = cpg == 1   ? wna16_moe_decode_kernel<T, BITS, true, 1>
-                  : cpg == 2 ? wna16_moe_decode_kernel<T, BITS, true, 2>
-                  : cpg == 4 ? wna16_moe_decode_kernel<T, BITS, true, decode_static_cpg<BITS>(4) ? 4 : 0>
-                             : wna16_moe_decode_kernel<T, BITS, true, 0>;
-      WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, kp));
+  if constexpr (kDecodeHas4Tiles<BITS>) {
+    if (ppw == 2) {
+      launch_decode_ppw<T, BITS, 2>(cfg, kp);
       return;
     }
   }
-  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, false, 0>, kp));
+  launch_decode_ppw<T, BITS, 1>(cfg, kp);
 }
 
 }  // namespace wna16::cuda::gemm

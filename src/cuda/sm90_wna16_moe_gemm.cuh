@@ -269,6 +269,7 @@ struct KParams {
   int decode_kw;         // decode kernel only: warps sharing a tile pair along K (1, 2, 4)
   int pdl;               // decode kernel only: launched as a programmatic dependent
   int static_groups;     // decode kernel only: splits are whole groups, static-group variants allowed
+  int decode_ppw;        // decode kernel only: tile pairs per warp (1; 2: the int4 4-tile variant)
 };
 
 template <class CFG, int BITS>

@@ -87,12 +87,13 @@ struct GemmCase {
   int decode_kw = 0;  // decode kernel's warps per tile pair along K; 0: the launcher's choice
   int splits = 0;     // GEMM2 split-K; 0: choose_splits
   bool diag = false;  // print the first mismatching (position, column) entries and a histogram
+  bool tiles4 = false;  // decode kernel: the 4-tile variant (two tile pairs per warp; int4 only)
 };
 
 std::string describe(const GemmCase& c) {
   return "int" + std::to_string(c.bits) + " " + dtype_name(c.act) + " group " + std::to_string(c.gl) +
          (c.zeros ? " asym" : " sym") + " config " + gemm_config_name(c.config) + " M=" + std::to_string(c.M) +
-         " kw=" + std::to_string(c.decode_kw) + " splits=" + std::to_string(c.splits);
+         " kw=" + std::to_string(c.decode_kw) + " splits=" + std::to_string(c.splits) + (c.tiles4 ? " 4-tile" : "");
 }
 
 // Routes M tokens to `topk` distinct experts among the first E-2 (the last two get nothing).
@@ -204,6 +205,7 @@ void run_gemm_case(const GemmCase& c) {
   r.num_tokens_post_padded = static_cast<const int32_t*>(d_ntpp.p);
   r.max_blocks = int64_t(al.expert_ids.size());
   r.decode_kw = c.decode_kw;
+  r.decode_4tiles = c.tiles4 ? kDecode4Tiles : kDecodePairs;
   r.epilogue = GemmEpilogue::SiluMul;
   r.x = d_x.p;
   r.x_stride = H;
@@ -250,7 +252,7 @@ void run_gemm_case(const GemmCase& c) {
   r.out = d_out.p;
   r.topk_weights = static_cast<const float*>(d_tw.p);
   const DeviceGemm dg2 = dev(g2, d_q2, d_s2, d_z2);
-  r.splits = c.splits > 0 ? c.splits : choose_splits(dg2, c.config, c.act, M, topk);
+  r.splits = c.splits > 0 ? c.splits : choose_splits(dg2, c.config, c.act, M, topk, r.decode_4tiles);
   launch_moe_gemm(dg2, r, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<float> out = d_out.get<float>(size_t(M * H));
@@ -294,9 +296,13 @@ TEST(MoeGemm, EveryConfigBitsDtypeAndGroup) {
           ++j;
           continue;
         }
-        const GemmCase c{bits, act, gls[i % 4], (i % 3) != 0, config, Ms[i % 4]};
+        GemmCase c{bits, act, gls[i % 4], (i % 3) != 0, config, Ms[i % 4]};
         ++i;
         run_gemm_case(c);
+        if (config == 0 && bits == 4) {  // the decode kernel's 4-tile variant too
+          c.tiles4 = true;
+          run_gemm_case(c);
+        }
       }
 }
 
@@ -400,13 +406,21 @@ TEST(MoeGemm, RefusesXBeyondIndexRange) {
 TEST(MoeGemm, AllGroupLengthsInt4Bf16) {
   WNA16_REQUIRE_GPU();
   for (int64_t gl : {32, 64, 128, 0})
-    for (bool z : {false, true}) run_gemm_case({4, DType::BF16, gl, z, 0, 5});
+    for (bool z : {false, true})
+      for (bool tiles4 : {false, true}) {
+        GemmCase c{4, DType::BF16, gl, z, 0, 5};
+        c.tiles4 = tiles4;  // the decode kernel's 4-tile variant too
+        run_gemm_case(c);
+      }
 }
 
 // The decode kernel (config m8 without act-order) with every in-block K split and a forced
 // split-K across blocks: slices that end mid-group, empty slices (K = 192: 3 chunks for 4 warps),
 // static groups of 1, 2 and 4 chunks (group 64, 128, 256) and run-time ones (one group of K), the
 // per-weight path (group 32, and int8 with bf16), and M = 9 (two m-blocks on one expert).
+// Every int4 case also runs the 4-tile variant (two tile pairs per warp): its kw = 1 blocks hang
+// over N here (GEMM1 6 units of 2 pairs, GEMM2 10: blocks of 4 units), its static groups of 4
+// chunks span two turns of its 2-chunk ring (group 256); int8 ignores the flag (one pair per warp).
 TEST(MoeGemm, DecodeKernelEveryKSplit) {
   WNA16_REQUIRE_GPU();
   int i = 0;
@@ -416,8 +430,13 @@ TEST(MoeGemm, DecodeKernelEveryKSplit) {
         for (int splits : {0, 3}) {
           const int64_t gls[] = {128, 64, 32, 0, 256};
           const int64_t Ms[] = {1, 3, 9};
-          run_gemm_case({bits, act, gls[i % 5], (i % 3) == 1, 0, Ms[i % 3], kw, splits});
+          GemmCase c{bits, act, gls[i % 5], (i % 3) == 1, 0, Ms[i % 3], kw, splits};
           ++i;
+          run_gemm_case(c);
+          if (bits == 4 || (kw == 1 && splits == 0)) {  // int8: a few cases prove the flag is ignored
+            c.tiles4 = true;
+            run_gemm_case(c);
+          }
         }
 }
 

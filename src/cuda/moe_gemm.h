@@ -123,8 +123,9 @@ struct GemmRun {
   int decode_kw = 0;              // decode kernel (config m8): warps per tile unit along K, 1/2/4; 0: chosen
   // Decode kernel, int4: kDecodePairs (0): a warp owns one gate/up tile pair; kDecode4Tiles (1):
   // two adjacent pairs (4 tiles); kDecodeTilesAuto (2): per GEMM, the shape the critical-path model
-  // predicts faster. Int8 always runs one pair per warp. The layer sets it from decode_4tiles_default().
-  int decode_4tiles = 0;
+  // predicts faster (the default). Int8 always runs one pair per warp. The layer sets it from
+  // decode_4tiles_default().
+  int decode_4tiles = 2;  // kDecodeTilesAuto
   // Launch as a programmatic dependent of the previous kernel in the stream: the decode kernel
   // streams its first weights while that kernel finishes and waits for it before reading x.
   // Ignored (a plain launch) by the staged kernels, which read x from the start.
@@ -140,9 +141,9 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order);
 constexpr int kDecodePairs = 0, kDecode4Tiles = 1, kDecodeTilesAuto = 2;  // GemmRun::decode_4tiles
 // Split-K for the WeightedSum GEMM so that the work items fill the resident blocks once.
 // decode_4tiles: the decode kernel's variant (GemmRun::decode_4tiles) the split is for.
-int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk, int decode_4tiles = kDecodePairs);
-// The A/B switch WNA16_DECODE_4TILES (read once): "1" kDecode4Tiles, "auto" kDecodeTilesAuto,
-// unset (or anything else) kDecodePairs until measured. The layer's GemmRun::decode_4tiles.
+int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk, int decode_4tiles = kDecodeTilesAuto);
+// The A/B switch WNA16_DECODE_4TILES (read once): "0" kDecodePairs, "1" kDecode4Tiles, unset (or
+// "auto") kDecodeTilesAuto (measured fastest, docs/perf.md). The layer's GemmRun::decode_4tiles.
 int decode_4tiles_default();
 
 // Sets the kernels' shared-memory limits and reads their occupancy (no launch); launch_moe_gemm

@@ -65,6 +65,14 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order) {
   const double p = std::min(1.0, double(topk) / double(E));
   const double active = std::max(1.0, double(E) * (1.0 - std::pow(1.0 - p, double(M))));
   const double per_expert = double(M) * double(topk) / active;
+  // The decode kernel (8-token m-blocks) up to kDecodeMaxTokens tokens per expert: beyond 8 an
+  // expert's m-blocks stream the same weights (L2 shares them when they run together).
+  // WNA16_DECODE_MAX_TOKENS=<tokens per expert>: A/B switch for that bound.
+  static const double decode_max = [] {
+    const char* v = std::getenv("WNA16_DECODE_MAX_TOKENS");
+    return v && *v ? std::atof(v) : 8.0;
+  }();
+  if (per_expert <= decode_max && !act_order) return 0;
   if (per_expert <= 8.0) return 0;
   if (per_expert <= 40.0) return 1;
   // The wgmma kernel (128-token m-blocks) once an expert fills most of one; it has no act-order
@@ -148,7 +156,10 @@ int decode_4tiles_default() {
   static const int mode = [] {
     const char* v = std::getenv("WNA16_DECODE_4TILES");
     const std::string s = v ? v : "";
-    return s == "1" ? kDecode4Tiles : s == "auto" ? kDecodeTilesAuto : kDecodePairs;
+    if (s == "0") return kDecodePairs;
+    if (s == "1") return kDecode4Tiles;
+    if (!s.empty() && s != "auto") throw Error("WNA16_DECODE_4TILES=" + s + " is not 0, 1 or auto");
+    return kDecodeTilesAuto;
   }();
   return mode;
 }

@@ -30,8 +30,8 @@ __device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return _
 // The layer's fp32 output accumulator is zeroed here, by every block of the router launch (one
 // graph node fewer than a separate memset; GEMM2 runs after this kernel on the same stream).
 __device__ __forceinline__ void zero_fill(float4* p, int64_t n4) {
-  const int64_t nthreads = int64_t(gridDim.x) * gridDim.y * blockDim.x;
-  const int64_t id = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nthreads = int64_t(gridDim.x) * gridDim.y * gridDim.z * blockDim.x;
+  const int64_t id = ((int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
   for (int64_t i = id; i < n4; i += nthreads) p[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
@@ -297,36 +297,52 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
   cluster.sync();  // a CTA's shared memory must outlive the other CTAs' reads of it
 }
 
-// ---- router, many tokens: 64 x 64 output tiles through shared memory, 4 x 4 per thread ----------
-constexpr int kTile = 64, kTileK = 32, kTileThreads = 256;
+// ---- router, many tokens: TM x TE output tiles through shared memory, 4 x 4 per thread -----------
+// TE = 64 experts x TM = 64 tokens, or TE = 16 x TM = 256 for few experts (Mixtral's 8 would leave
+// 7/8 of a 64-wide tile idle). H is split over a cluster of KS CTAs (grid z) so that even a few
+// tiles keep most SMs busy (Mixtral M=256 is one tile); the KS partial tiles meet in distributed
+// shared memory and are added in cluster-rank order, so the logits are deterministic.
+constexpr int kTileK = 32, kTileThreads = 256, kTileMaxSplit = 8;
 
-template <class T>
+template <class T, int TE>
 __global__ void __launch_bounds__(kTileThreads)
     router_tiled_kernel(const T* __restrict__ x, int M, int H, const float* __restrict__ router, int E, int E_ext,
-                        float* __restrict__ logits, float* __restrict__ gate_logit, float4* __restrict__ zero,
-                        int64_t zero_n4) {
+                        int k_per_split, float* __restrict__ logits, float* __restrict__ gate_logit,
+                        float4* __restrict__ zero, int64_t zero_n4) {
+  constexpr int TM = 64 * 64 / TE;
+  constexpr int TX = TE / 4;  // threads along the experts
+  static_assert(TM / 4 * TX == kTileThreads, "4 x 4 outputs per thread cover the tile");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // see router_small_kernel
   zero_fill(zero, zero_n4);
-  __shared__ __align__(16) float xs[kTileK][kTile + 4];  // [k][token]
-  __shared__ __align__(16) float rs[kTileK][kTile + 4];  // [k][expert]
-  const int m0 = blockIdx.y * kTile, e0 = blockIdx.x * kTile;
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  // [k][token] and [k][expert] operand tiles; after the k loop the CTA's partial tile [TM][TE].
+  constexpr int kXs = kTileK * (TM + 4), kRs = kTileK * (TE + 4);
+  static_assert(kXs + kRs >= TM * TE, "the partial tile fits in the operand tiles");
+  __shared__ __align__(16) float buf[kXs + kRs];
+  float (*xs)[TM + 4] = reinterpret_cast<float (*)[TM + 4]>(buf);
+  float (*rs)[TE + 4] = reinterpret_cast<float (*)[TE + 4]>(buf + kXs);
+  const int m0 = blockIdx.y * TM, e0 = blockIdx.x * TE;
+  const int k_begin = blockIdx.z * k_per_split, k_end = min(H, k_begin + k_per_split);
+  const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
   float acc[4][4] = {};
-  for (int k0 = 0; k0 < H; k0 += kTileK) {
-    // 64 rows x 32 k of each operand: 8 elements per thread, 4 consecutive k at a time.
-    for (int i = threadIdx.x; i < kTile * kTileK / 4; i += kTileThreads) {
+  for (int k0 = k_begin; k0 < k_end; k0 += kTileK) {
+    // 4 consecutive k of one row per load (H is a multiple of 4).
+    for (int i = threadIdx.x; i < TM * kTileK / 4; i += kTileThreads) {
       const int row = i / (kTileK / 4), kq = (i % (kTileK / 4)) * 4;
-      const bool kin = k0 + kq < H;
-      float4 xv = make_float4(0.f, 0.f, 0.f, 0.f), rv = xv;
-      if (m0 + row < M && kin) {
+      float4 xv = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (m0 + row < M && k0 + kq < k_end) {
         const T* xr = x + int64_t(m0 + row) * H + k0 + kq;
         xv = make_float4(to_f(xr[0]), to_f(xr[1]), to_f(xr[2]), to_f(xr[3]));
       }
-      if (e0 + row < E_ext && kin) rv = __ldg(reinterpret_cast<const float4*>(router + int64_t(e0 + row) * H + k0 + kq));
       xs[kq + 0][row] = xv.x;
       xs[kq + 1][row] = xv.y;
       xs[kq + 2][row] = xv.z;
       xs[kq + 3][row] = xv.w;
+    }
+    for (int i = threadIdx.x; i < TE * kTileK / 4; i += kTileThreads) {
+      const int row = i / (kTileK / 4), kq = (i % (kTileK / 4)) * 4;
+      float4 rv = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (e0 + row < E_ext && k0 + kq < k_end)
+        rv = __ldg(reinterpret_cast<const float4*>(router + int64_t(e0 + row) * H + k0 + kq));
       rs[kq + 0][row] = rv.x;
       rs[kq + 1][row] = rv.y;
       rs[kq + 2][row] = rv.z;
@@ -345,17 +361,25 @@ __global__ void __launch_bounds__(kTileThreads)
     }
     __syncthreads();
   }
+  // The partial tile into shared memory (the loop ended on a barrier: the operand tiles are free),
+  // then CTA `rank` adds outputs rank, rank + KS*threads, ... over the cluster in rank order.
+  float* part = buf;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int m = m0 + ty * 4 + i;
-    if (m >= M) continue;
+  for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + tx * 4 + j;
-      if (e < E) logits[int64_t(m) * E + e] = acc[i][j];
-      else if (e < E_ext) gate_logit[m] = acc[i][j];
-    }
+    for (int j = 0; j < 4; ++j) part[(ty * 4 + i) * TE + tx * 4 + j] = acc[i][j];
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int KS = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  cluster.sync();
+  for (int o = rank * kTileThreads + threadIdx.x; o < TM * TE; o += KS * kTileThreads) {
+    const int m = m0 + o / TE, e = e0 + o % TE;
+    if (m >= M || e >= E_ext) continue;
+    float v = 0.f;
+    for (int r = 0; r < KS; ++r) v += *cluster.map_shared_rank(part + o, r);
+    if (e < E) logits[int64_t(m) * E + e] = v;
+    else gate_logit[m] = v;
   }
+  cluster.sync();  // a CTA's shared memory must outlive the other CTAs' reads of it
 }
 
 __global__ void append_shared_kernel(const int32_t* __restrict__ ids, const float* __restrict__ w,
@@ -394,6 +418,19 @@ __global__ void cast_kernel(const float4* __restrict__ acc, T* __restrict__ out,
   }
 }
 
+// The SM count of the device current at the first call (cached).
+int sm_count() {
+  static std::atomic<int> cached{0};
+  int sms = cached.load(std::memory_order_relaxed);
+  if (sms == 0) {
+    int dev = 0;
+    WNA16_CUDA_CHECK(cudaGetDevice(&dev));
+    WNA16_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cached.store(sms, std::memory_order_relaxed);
+  }
+  return sms;
+}
+
 // The split router's shape for (M, H, E_ext): rows per CTA so that about one CTA per SM is busy
 // (16 row tiles x 8 slices on 132 SMs), and whether it fits (a warp part <= 1024 h, shared memory).
 struct SplitPlan {
@@ -405,14 +442,7 @@ constexpr size_t kSplitMaxSmem = 200 * 1024;
 
 SplitPlan plan_split(int64_t M, int64_t H, int E_ext) {
   SplitPlan p;
-  static std::atomic<int> sm_count{0};
-  int sms = sm_count.load(std::memory_order_relaxed);
-  if (sms == 0) {
-    int dev = 0;
-    WNA16_CUDA_CHECK(cudaGetDevice(&dev));
-    WNA16_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    sm_count.store(sms, std::memory_order_relaxed);
-  }
+  const int sms = sm_count();
   const int target_tiles = std::max(1, sms / kSplitCluster);
   const int rows = (E_ext + target_tiles - 1) / target_tiles;
   if (rows <= 1) { p.WR = 1; p.RW = 1; }
@@ -451,6 +481,35 @@ void allow_split_smem(const void* fn, int slot) {
 
 int grid_for(int64_t n, int threads) {
   return int(std::clamp<int64_t>((n + threads - 1) / threads, 1, 4096));
+}
+
+// The tiled router: 16-expert tiles for E_ext <= 16, else 64; H split over KS <= 8 CTAs (one
+// cluster) until the tiles x KS cover the SMs, keeping >= 8 k-steps (256 h) per CTA.
+template <class T>
+void launch_router_tiled(const T* x, int64_t M, int64_t H, const float* router, int E, int E_ext, float* logits,
+                         float* gate_logit, float* zero, int64_t zero_n, cudaStream_t s) {
+  const bool narrow = E_ext <= 16;
+  const int TE = narrow ? 16 : 64, TM = 64 * 64 / TE;
+  const int64_t tiles = int64_t((E_ext + TE - 1) / TE) * ((M + TM - 1) / TM);
+  if ((M + TM - 1) / TM > 65535) throw Error("router: M=" + std::to_string(M) + " exceeds the tiled router's grid");
+  const int64_t sms = sm_count();
+  int KS = int(std::clamp<int64_t>((sms + tiles - 1) / tiles, 1, kTileMaxSplit));
+  KS = int(std::min<int64_t>(KS, std::max<int64_t>(1, H / (8 * kTileK))));
+  const int k_per_split = int((H + KS * kTileK - 1) / (KS * kTileK) * kTileK);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = unsigned(KS);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned((E_ext + TE - 1) / TE), unsigned((M + TM - 1) / TM), unsigned(KS));
+  cfg.blockDim = dim3(kTileThreads);
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  auto kern = narrow ? router_tiled_kernel<T, 16> : router_tiled_kernel<T, 64>;
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, x, int(M), int(H), router, E, E_ext, k_per_split, logits,
+                                      gate_logit, reinterpret_cast<float4*>(zero), zero_n / 4));
 }
 
 }  // namespace
@@ -501,9 +560,7 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
                                                                      gate_logit, reinterpret_cast<float4*>(zero),
                                                                      zero_n / 4);
     } else {
-      dim3 grid((E_ext + kTile - 1) / kTile, unsigned((M + kTile - 1) / kTile));
-      router_tiled_kernel<T><<<grid, kTileThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits, gate_logit,
-                                                            reinterpret_cast<float4*>(zero), zero_n / 4);
+      launch_router_tiled<T>(xt, M, H, router, E, E_ext, logits, gate_logit, zero, zero_n, s);
     }
   };
   if (act == DType::BF16) run(__nv_bfloat16{});

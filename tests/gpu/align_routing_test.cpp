@@ -1117,6 +1117,72 @@ TEST_F(RoutingGpu, FusedRouteAlignRange) {
   CUDA_OK(cudaStreamSynchronize(stream_));
 }
 
+// ---- router logits -------------------------------------------------------------------------------
+// x [M, H] (bf16 / f16) times the fp32 router [E_ext, H] transposed, against a float64 dot product
+// of the same rounded inputs, for every router kernel (one row per block, H split over a cluster,
+// tiled with split H; narrow and wide tiles); the gate row (E_ext = E + 1) lands in gate_logit; the
+// accumulator is zeroed; a second launch is bitwise equal (the split sums are added in a fixed order).
+TEST(RouterLogitsGpu, MatchFloat64AndAreDeterministic) {
+  WNA16_REQUIRE_GPU();
+  struct Case { int64_t M; int E, E_ext; int64_t H; DType act; };
+  const Case cases[] = {{1, 256, 256, 7168, DType::BF16}, {8, 8, 8, 4096, DType::F16},    {33, 60, 61, 2048, DType::BF16},
+                        {64, 256, 256, 7168, DType::BF16}, {65, 8, 8, 4096, DType::BF16},  {118, 60, 61, 2048, DType::F16},
+                        {256, 8, 8, 4096, DType::BF16},   {256, 256, 256, 7168, DType::F16}, {300, 16, 17, 1004, DType::BF16},
+                        {517, 16, 16, 1004, DType::F16},  {1024, 64, 64, 2048, DType::BF16}, {40, 3, 4, 100, DType::BF16}};
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  for (const Case& c : cases) {
+    const std::string what = "M=" + std::to_string(c.M) + " E=" + std::to_string(c.E) + " E_ext=" + std::to_string(c.E_ext) +
+                             " H=" + std::to_string(c.H) + " " + dtype_name(c.act);
+    std::vector<uint16_t> xh(size_t(c.M * c.H));
+    std::vector<double> xd(xh.size());
+    for (size_t i = 0; i < xh.size(); ++i) {
+      const float v = nd(rng);
+      xh[i] = c.act == DType::BF16 ? float_to_bf16(v) : float_to_f16(v);
+      xd[i] = c.act == DType::BF16 ? bf16_to_float(xh[i]) : f16_to_float(xh[i]);
+    }
+    std::vector<float> r(size_t(c.E_ext * c.H));
+    for (auto& v : r) v = 0.05f * nd(rng);
+    const int64_t zero_n = 4 * ((c.M * 4 + 3) / 4);
+    DevBuf<uint16_t> dx{xh.size()};
+    DevBuf<float> dr{r.size()}, logits{size_t(c.M * c.E)}, gate{size_t(c.M)}, zero{size_t(zero_n)};
+    dx.upload(xh);
+    dr.upload(r);
+    std::vector<float> first;
+    for (int run = 0; run < 2; ++run) {
+      logits.poison();
+      gate.poison();
+      zero.poison();
+      cuda::launch_router_logits(dx.p, c.act, c.M, c.H, dr.p, c.E, c.E_ext, logits.p, c.E_ext > c.E ? gate.p : nullptr,
+                                 zero.p, zero_n, s);
+      CUDA_OK(cudaStreamSynchronize(s));
+      std::vector<float> got = logits.download();
+      const std::vector<float> g = gate.download(), z = zero.download();
+      for (size_t i = 0; i < z.size(); ++i) ASSERT_EQ(z[i], 0.f) << what << ": accumulator entry " << i << " not zeroed";
+      int bad = 0;
+      for (int64_t m = 0; m < c.M && bad < 5; ++m)
+        for (int e = 0; e < c.E_ext && bad < 5; ++e) {
+          double ref = 0, mag = 0;
+          for (int64_t h = 0; h < c.H; ++h) {
+            const double t = xd[size_t(m * c.H + h)] * double(r[size_t(e * c.H + h)]);
+            ref += t;
+            mag += std::fabs(t);
+          }
+          const float v = e < c.E ? got[size_t(m * c.E + e)] : g[size_t(m)];
+          if (!(std::fabs(double(v) - ref) <= 2e-5 * mag + 1e-6)) {
+            ADD_FAILURE() << what << ": logit (" << m << ", " << e << ") = " << v << ", float64 " << ref;
+            ++bad;
+          }
+        }
+      if (run == 0) first = got;
+      else EXPECT_EQ(first_mismatch(first, got), -1) << what << ": a second launch differs";
+    }
+  }
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
 }  // namespace
 
 #endif  // WNA16_HAVE_CUDA

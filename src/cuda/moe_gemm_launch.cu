@@ -41,19 +41,15 @@ struct ConfigRow {
 // Mirrors the tile table in sm90_wna16_moe_gemm.cuh (static_asserts below keep them in step).
 constexpr ConfigRow kConfigs[] = {
     {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N},
-    {"m16", gemm::kDecodeM16Cols * 8, gemm::CfgM8::BLOCK_N},  // decode kernel, two token columns, no act-order
     {"m32", gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N},
     {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N},
     {"m128w", gemm::CfgM128W::BLOCK_M, gemm::CfgM128W::BLOCK_N},  // wgmma prefill kernel, no act-order
 };
-constexpr int kConfigM16 = 1, kConfigM32 = 2, kConfigM64 = 3, kConfigM128W = 4;
+constexpr int kConfigM128W = 3;
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 static_assert(kConfigs[0].block_m < kConfigs[1].block_m && kConfigs[1].block_m < kConfigs[2].block_m &&
-                  kConfigs[2].block_m < kConfigs[3].block_m && kConfigs[3].block_m < kConfigs[4].block_m,
+                  kConfigs[2].block_m < kConfigs[3].block_m,
               "configs are ordered by BLOCK_M; the largest sizes the workspace");
-// The configs that run on the decode kernel (m8 unless it needs the act-order gather; m16 never
-// gets a perm).
-bool on_decode_kernel(int config, const DeviceGemm& w) { return config == kConfigM16 || (config == 0 && !w.perm); }
 }  // namespace
 
 int gemm_config_count() { return kNumConfigs; }
@@ -69,18 +65,16 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order) {
   const double p = std::min(1.0, double(topk) / double(E));
   const double active = std::max(1.0, double(E) * (1.0 - std::pow(1.0 - p, double(M))));
   const double per_expert = double(M) * double(topk) / active;
-  if (per_expert <= 8.0) return 0;
-  // Beyond 8 tokens per expert, the decode kernel with 16-token m-blocks (m16) up to
-  // WNA16_DECODE_MAX_TOKENS (default 40) tokens per expert: an expert's m-blocks stream the same
-  // weights (L2 shares them when they run together), and each weight fragment feeds 2 MMAs.
-  // A/B switch: WNA16_NO_M16=1 runs those on m8 (8-token m-blocks) instead.
+  // The decode kernel (8-token m-blocks) up to kDecodeMaxTokens tokens per expert: beyond 8 an
+  // expert's m-blocks stream the same weights (L2 shares them when they run together).
+  // WNA16_DECODE_MAX_TOKENS=<tokens per expert>: A/B switch for that bound.
   static const double decode_max = [] {
     const char* v = std::getenv("WNA16_DECODE_MAX_TOKENS");
-    return v && *v ? std::atof(v) : 40.0;
+    return v && *v ? std::atof(v) : 8.0;
   }();
-  static const bool no_m16 = std::getenv("WNA16_NO_M16") != nullptr;
-  if (per_expert <= decode_max && !act_order) return no_m16 ? 0 : kConfigM16;
-  if (per_expert <= 40.0) return kConfigM32;
+  if (per_expert <= decode_max && !act_order) return 0;
+  if (per_expert <= 8.0) return 0;
+  if (per_expert <= 40.0) return 1;
   // The wgmma kernel (128-token m-blocks) once an expert fills most of one; it has no act-order
   // gather. NOTE: 96 is a starting point, to be tuned on the GPU. A/B and tuning switches:
   // WNA16_NO_WGMMA_PREFILL (never m128w), WNA16_PREFILL_MIN_TOKENS=<tokens per expert>.
@@ -90,7 +84,7 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order) {
     return v && *v ? std::atof(v) : 96.0;
   }();
   if (per_expert >= min_tokens && !act_order && !no_wgmma) return kConfigM128W;
-  return kConfigM64;
+  return 2;
 }
 
 int resident_blocks(int bits, int config, DType act) {
@@ -138,8 +132,8 @@ DecodeShape best_decode_kw(int64_t mblocks, int64_t pairs, int64_t splits, int64
   return best;
 }
 // The pairs per warp (1 or 2) the decode kernel may run this GEMM with: {lo, hi}. Int4 only has 2.
-std::pair<int, int> decode_ppw_range(const DeviceGemm& w, int config, int decode_4tiles) {
-  if (w.bits != 4 || config != 0 || decode_4tiles == kDecodePairs) return {1, 1};
+std::pair<int, int> decode_ppw_range(const DeviceGemm& w, int decode_4tiles) {
+  if (w.bits != 4 || decode_4tiles == kDecodePairs) return {1, 1};
   return decode_4tiles == kDecode4Tiles ? std::pair{2, 2} : std::pair{1, 2};
 }
 // The best shape over the allowed pairs per warp (ties: one pair, the measured kernel).
@@ -178,7 +172,7 @@ int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t
   const int64_t est_mblocks = estimate_mblocks(M, topk, w.E, gemm_config_block_m(config));
   const int64_t resident = resident_blocks(w.bits, config, act);
   const int64_t kc = w.K / PackedGemm::kChunkK;
-  if (on_decode_kernel(config, w)) {
+  if (config == 0 && !w.perm) {
     // Decode kernel: the split (with its best in-block K split) of the shortest critical path;
     // ties go to fewer splits (fewer atomics).
     int best = 1;
@@ -186,8 +180,7 @@ int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t
     for (int64_t sp = 1; sp <= 8 && (sp == 1 || kc / sp >= 8); ++sp) {
       const int64_t per = (kc + sp - 1) / sp;
       const double cost =
-          best_decode_shape(est_mblocks, w.NT / 2, sp, per, resident, decode_ppw_range(w, config, decode_4tiles))
-              .shape.cost;
+          best_decode_shape(est_mblocks, w.NT / 2, sp, per, resident, decode_ppw_range(w, decode_4tiles)).shape.cost;
       if (cost < best_cost * (1 - 1e-9)) best_cost = cost, best = int(sp);
     }
     return best;
@@ -211,9 +204,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     throw Error("group length " + std::to_string(w.group_len) + " is not a multiple of 16 dividing K=" +
                 std::to_string(w.K));
   if (r.config < 0 || r.config >= kNumConfigs) throw Error("GEMM config " + std::to_string(r.config) + " does not exist");
-  if ((r.config == kConfigM128W || r.config == kConfigM16) && (w.perm || w.perm_up))
-    throw Error(std::string("GEMM config ") + kConfigs[r.config].name + " has no act-order gather (perm): use config " +
-                (r.config == kConfigM16 ? "m32" : "m64"));
+  if (r.config == kConfigM128W && (w.perm || w.perm_up))
+    throw Error(std::string("GEMM config ") + kConfigs[r.config].name + " has no act-order gather (perm): use config m64");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
     throw Error("gate/up GEMM N=" + std::to_string(w.N) + " (2*I) is not a multiple of 32");
   if (r.epilogue == GemmEpilogue::SiluMul && r.splits != 1)
@@ -278,7 +270,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.cpg_shift = log2_or_neg(kp.chunks_per_group);
   static const bool no_static = std::getenv("WNA16_NO_STATIC_GROUPS") != nullptr;  // A/B switch
   kp.static_groups = 0;
-  if (!no_static && on_decode_kernel(r.config, w) && kp.defer_ok &&
+  if (!no_static && r.config == 0 && !w.perm && kp.defer_ok &&
       (w.bits == 4 ? gemm::decode_static_cpg<4>(kp.chunks_per_group) : gemm::decode_static_cpg<8>(kp.chunks_per_group)) &&
       kp.KC % kp.chunks_per_group == 0) {
     // The decode kernel's static-group variants want whole groups per split (fewer splits if need be).
@@ -296,7 +288,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
   static const bool no_pdl = std::getenv("WNA16_NO_GEMM_PDL") != nullptr;  // A/B switch
   kp.pdl = r.overlap_previous && !no_pdl ? 1 : 0;
-  if (on_decode_kernel(r.config, w)) {
+  if (r.config == 0 && !w.perm) {
     // Decode kernel: the work shape (warps per unit along K, pairs per warp where the variant is
     // allowed) of the shortest modelled critical path on the expected m-blocks.
     if (r.decode_kw != 0 && r.decode_kw != 1 && r.decode_kw != 2 && r.decode_kw != 4)
@@ -306,8 +298,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     const int64_t mblocks = r.mb_count >= 0 ? r.mb_count
                                             : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
     const DecodeChoice c = best_decode_shape(mblocks, w.NT / 2, kp.splits, kp.kc_per_split,
-                                             resident_blocks(w.bits, r.config, r.act),
-                                             decode_ppw_range(w, r.config, r.decode_4tiles));
+                                             resident_blocks(w.bits, r.config, r.act), decode_ppw_range(w, r.decode_4tiles));
     kp.decode_ppw = c.ppw;
     kp.decode_kw = r.decode_kw != 0 ? r.decode_kw : c.shape.kw;
   }

@@ -21,8 +21,7 @@ namespace wna16::cuda::gemm {
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodePF = 4;             // int4 k-chunks of one tile pair (1 KB of weights each) in flight per warp
-constexpr int kDecodeBM = CfgM8::BLOCK_M;  // the m8 config's m-block; the m16 config's is 2 x 8
-constexpr int kDecodeM16Cols = 2;           // 8-token MMA columns per m-block in config m16
+constexpr int kDecodeBM = CfgM8::BLOCK_M;
 // Blocks per SM the register budget is cut for (4: <= 128 registers, 16 warps per SM).
 #ifndef WNA16_DECODE_MIN_BLOCKS
 #define WNA16_DECODE_MIN_BLOCKS 4
@@ -34,7 +33,7 @@ constexpr int kDecodeMinBlocks = WNA16_DECODE_MIN_BLOCKS;
 #define WNA16_DECODE_SMEM_W 0
 #endif
 constexpr bool kDecodeSmemW = WNA16_DECODE_SMEM_W != 0;  // tokens per m-block: one 8-wide MMA column
-static_assert(kDecodeBM == 8, "one MMA token column per m8 m-block");
+static_assert(kDecodeBM == 8, "one MMA token column per m-block");
 static_assert(PackedGemm::kTilePad % (2 * kDecodeWarps) == 0, "a block's tile pairs must divide the n-tile padding");
 // The 4-tile variant's units (2 pairs) divide the padding, and so do blocks of 2 units (kw = 2, 4).
 // kw = 1 (4 units per block) may leave the last block's warps without tiles: they skip the item.
@@ -55,17 +54,13 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
 // divides the ring depth, so group boundaries fall on fixed ring slots (slices are then whole
 // groups) and the group bookkeeping, the zeroing of the partial sums and the flush test vanish
 // from the loop; 0: tracked at run time. CPG may exceed the ring depth: the loop body then covers
-// CPG chunks (several turns of the ring). PPW: tile pairs per warp (1, or 2 for int4). NB: 8-token
-// MMA columns per m-block (1: config m8; 2: config m16, where each dequantised weight fragment
-// feeds two MMAs, halving the dequantisation work per token of experts with 9-16 tokens).
-template <class T, int BITS, bool DEFER, int CPG, int PPW = 1, int NB = 1>
+// CPG chunks (several turns of the ring). PPW: tile pairs per warp (1, or 2 for int4).
+template <class T, int BITS, bool DEFER, int CPG, int PPW = 1>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_decode_kernel(const KParams p) {
-  constexpr int BM = 8 * NB;          // tokens per m-block
   constexpr int U = BITS / 4;         // uint4 per lane per tile and k-chunk
   constexpr int NTW = 2 * PPW;        // tiles per warp
   constexpr int PF = kDecodePF / U / PPW;  // k-chunks in flight per warp: the same bytes for every variant
-  static_assert(PPW == 1 || (PPW == 2 && BITS == 4 && NB == 1), "two pairs per warp: int4, m8 only (int8 would leave a 1-chunk ring)");
-  static_assert(NB == 1 || NB == 2, "one or two token columns");
+  static_assert(PPW == 1 || (PPW == 2 && BITS == 4), "two pairs per warp: int4 only (int8 would leave a 1-chunk ring)");
   static_assert(PF >= 2, "a ring of at least two chunks");
   static_assert(!DEFER || !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>), "int8 codes exceed bf16's magic range");
   constexpr int kCpg = CPG ? CPG : 1;
@@ -73,17 +68,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   static_assert(CPG == 0 || (DEFER && UN % kCpg == 0 && UN % PF == 0), "static groups need deferred scaling, CPG | UN, PF | UN");
   constexpr bool kStaticGroups = CPG != 0;
   // Deferred partial-sum chains per tile: two (even / odd k-steps) with one pair, so consecutive
-  // MMAs do not wait on each other; one with two pairs or two token columns (four independent
-  // MMAs per k-step already).
-  constexpr int CH = PPW == 1 && NB == 1 ? 2 : 1;
+  // MMAs do not wait on each other; one with two pairs (four tiles already give four chains).
+  constexpr int CH = PPW == 1 ? 2 : 1;
   // Per-warp rings, PF chunks deep, filled by cp.async: the activations ([token row][16-byte unit],
   // rows padded to 9 units against bank conflicts) and the scale / zero words of each tile.
-  constexpr int kXRingSlot = BM * 9;
-  __shared__ uint4 xs_ring[kDecodeWarps][PF][BM][9];
+  constexpr int kXRingSlot = kDecodeBM * 9;
+  __shared__ uint4 xs_ring[kDecodeWarps][PF][kDecodeBM][9];
   // The k-slices' partial sums [tile][reg][lane] of warp w, in w's own activation ring (free once
   // w's cp.async groups are drained at the end of an item).
   auto red = [&](int w) { return reinterpret_cast<float*>(&xs_ring[w][0][0][0]); };
-  static_assert(sizeof(xs_ring[0]) >= NTW * NB * 4 * 32 * sizeof(float), "partial sums fit in a warp's ring");
+  static_assert(sizeof(xs_ring[0]) >= NTW * 4 * 32 * sizeof(float), "partial sums fit in a warp's ring");
   // [warp][ring][scale of tile 0 .. NTW-1, zero of tile 0 .. NTW-1][lane]
   __shared__ uint32_t meta_ring[kDecodeWarps][PF][2 * NTW][32];
   __shared__ uint4 w_ring[kDecodeSmemW ? kDecodeWarps : 1][kDecodeSmemW ? PF : 1][NTW * U][32];  // kDecodeSmemW only
@@ -99,7 +93,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   const int kw = p.decode_kw;                      // warps per unit (PPW tile pairs) along K
   const int wp = warp / kw, wk = warp % kw;        // unit within the block, k-slice
   const int units_per_block = kDecodeWarps / kw;
-  const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / BM);
+  const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
   const int nb_count = ((p.NT / NTW) + units_per_block - 1) / units_per_block;
   const int64_t total = int64_t(num_mb) * nb_count * p.splits;
   const T* x = static_cast<const T*>(p.x);
@@ -119,23 +113,19 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     // follows with kw = 1, and kw = 2, 4 blocks divide NT exactly).
     if constexpr (PPW > 1)
       if (nt0 >= p.NT) continue;
-    // Lane c < BM holds token c's slot (-1: padding); valid tokens form a prefix.
+    // Lane c < 8 holds token column c's slot (-1: padding); valid columns form a prefix.
     int slot = -1;
-    if (lane < BM) {
-      const int s = __ldg(p.sorted_ids + int64_t(mb) * BM + lane);
+    if (lane < kDecodeBM) {
+      const int s = __ldg(p.sorted_ids + int64_t(mb) * kDecodeBM + lane);
       slot = (s >= 0 && s < p.num_slots) ? s : -1;
     }
     if (__ballot_sync(0xffffffffu, slot >= 0) == 0) continue;  // block-uniform
-    // B operand: lane (g, tig) feeds token 8j + g of column j with real k 16*tig .. +16 of each chunk.
-    const T* xrow[NB];
-#pragma unroll
-    for (int j = 0; j < NB; ++j) {
-      const int my_slot = __shfl_sync(0xffffffffu, slot, 8 * j + g);
-      xrow[j] = nullptr;
-      if (my_slot >= 0) {
-        const int64_t src = p.epilogue == 0 ? my_slot / p.topk : int64_t(mb) * BM + 8 * j + g;
-        xrow[j] = x + src * p.x_stride + 16 * tig;
-      }
+    // B operand: lane (g, tig) feeds token column g with real k 16*tig .. +16 of each chunk.
+    const int my_slot = __shfl_sync(0xffffffffu, slot, g);
+    const T* xrow = nullptr;
+    if (my_slot >= 0) {
+      const int64_t src = p.epilogue == 0 ? my_slot / p.topk : int64_t(mb) * kDecodeBM + g;
+      xrow = x + src * p.x_stride + 16 * tig;
     }
 
     // This warp's k-chunks: the split's range cut into kw slices (whole groups when deferred).
@@ -152,9 +142,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     // chunk's work.
     uint4 wbuf[kDecodeSmemW ? 1 : PF][NTW * U];
     const uint4* wnext = p.qweight + int64_t(expert) * p.qw_stride + int64_t(kb) * wstride + int64_t(nt0) * U * 32 + lane;
-    const uint4* xnext[NB];
-#pragma unroll
-    for (int j = 0; j < NB; ++j) xnext[j] = reinterpret_cast<const uint4*>(xrow[j] ? xrow[j] + kb * 64 : x);
+    const uint4* xnext = reinterpret_cast<const uint4*>(xrow ? xrow + kb * 64 : x);
     uint4* xring = &xs_ring[warp][0][g][2 * tig];
     uint32_t* mring = &meta_ring[warp][0][0][lane];
     const uint32_t* sbase = p.scales + int64_t(expert) * p.meta_stride + int64_t(nt0) * 8 + g;
@@ -184,12 +172,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     // cyc: the chunk's position in the loop body's UN chunks (static groups: it fixes the group
     // position).
     auto load_x_meta = [&](int ring, int cyc) {
-#pragma unroll
-      for (int j = 0; j < NB; ++j) {
-        cp_async16_zfill(xring + ring * kXRingSlot + 72 * j, xnext[j], xrow[j] != nullptr);
-        cp_async16_zfill(xring + ring * kXRingSlot + 72 * j + 1, xnext[j] + 1, xrow[j] != nullptr);
-        if (xrow[j]) xnext[j] += 8;  // 64 elements
-      }
+      cp_async16_zfill(xring + ring * kXRingSlot, xnext, xrow != nullptr);
+      cp_async16_zfill(xring + ring * kXRingSlot + 1, xnext + 1, xrow != nullptr);
+      if (xrow) xnext += 8;  // 64 elements
       bool closes;
       if constexpr (kStaticGroups) {
         closes = cyc % kCpg == kCpg - 1;
@@ -227,30 +212,26 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       cp_async_commit();  // one group per chunk, empty past the end (the wait count stays fixed)
     }
 
-    float acc[NTW][NB][4];
+    float acc[NTW][4];
     // Deferred mode: raw partial sums of the group, CH chains per tile; the tokens' row sums in CH
     // chains too (the halves of the chunk).
-    float tmp[DEFER ? CH : 1][NTW][NB][4], xsum[CH][NB][2];
+    float tmp[DEFER ? CH : 1][NTW][4], xsum[CH][2];
 #pragma unroll
     for (int i = 0; i < NTW; ++i)
 #pragma unroll
-      for (int j = 0; j < NB; ++j)
+      for (int e = 0; e < 4; ++e) {
+        acc[i][e] = 0.f;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          acc[i][j][e] = 0.f;
+        for (int c = 0; c < (DEFER ? CH : 1); ++c) tmp[c][i][e] = 0.f;
+      }
 #pragma unroll
-          for (int c = 0; c < (DEFER ? CH : 1); ++c) tmp[c][i][j][e] = 0.f;
-        }
-#pragma unroll
-    for (int c = 0; c < CH; ++c)
-#pragma unroll
-      for (int j = 0; j < NB; ++j) xsum[c][j][0] = xsum[c][j][1] = 0.f;
+    for (int c = 0; c < CH; ++c) xsum[c][0] = xsum[c][1] = 0.f;
     const float zsym = magic_value<T>() + float(1 << (BITS - 1));  // magic + zero point, symmetric
     const uint32_t one = ones2<T>();
     const uint32_t ones[4] = {one, one, one, one};
-    auto tsum = [&](int i, int j, int e) {
-      if constexpr (DEFER && CH == 2) return tmp[0][i][j][e] + tmp[1][i][j][e];
-      else return tmp[0][i][j][e];
+    auto tsum = [&](int i, int e) {
+      if constexpr (DEFER && CH == 2) return tmp[0][i][e] + tmp[1][i][e];
+      else return tmp[0][i][e];
     };
 
     for (int k0 = 0; k0 < nk; k0 += UN) {
@@ -261,9 +242,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         const int r = s % PF;     // ring slot
         const int gs = s % kCpg;  // static groups: position in the group
         cp_async_wait<PF - 1>();  // this chunk's activations (and scales) have landed
-        uint4 xb[NB][2];
-#pragma unroll
-        for (int j = 0; j < NB; ++j) xb[j][0] = xring[r * kXRingSlot + 72 * j], xb[j][1] = xring[r * kXRingSlot + 72 * j + 1];
+        const uint4 xb[2] = {xring[r * kXRingSlot], xring[r * kXRingSlot + 1]};
         uint32_t wq[NTW][4 * U];
 #pragma unroll
         for (int i = 0; i < NTW; ++i)
@@ -281,27 +260,20 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 #pragma unroll
             for (int i = 0; i < NTW; ++i)
 #pragma unroll
-              for (int j = 0; j < NB; ++j)
+              for (int e = 0; e < 4; ++e)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
+                for (int c = 0; c < CH; ++c) tmp[c][i][e] = 0.f;
 #pragma unroll
-                  for (int c = 0; c < CH; ++c) tmp[c][i][j][e] = 0.f;
-#pragma unroll
-            for (int c = 0; c < CH; ++c)
-#pragma unroll
-              for (int j = 0; j < NB; ++j) xsum[c][j][0] = xsum[c][j][1] = 0.f;
+            for (int c = 0; c < CH; ++c) xsum[c][0] = xsum[c][1] = 0.f;
           }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             // Row sums of the tokens (the zero-point correction), from an all-ones A operand.
-#pragma unroll
-            for (int j = 0; j < NB; ++j) {
-              float d[4] = {xsum[h % CH][j][0], xsum[h % CH][j][1], 0.f, 0.f};
-              Act<T>::mma(d, ones, xb[j][h].x, xb[j][h].y);
-              Act<T>::mma(d, ones, xb[j][h].z, xb[j][h].w);
-              xsum[h % CH][j][0] = d[0];
-              xsum[h % CH][j][1] = d[1];
-            }
+            float d[4] = {xsum[h % CH][0], xsum[h % CH][1], 0.f, 0.f};
+            Act<T>::mma(d, ones, xb[h].x, xb[h].y);
+            Act<T>::mma(d, ones, xb[h].z, xb[h].w);
+            xsum[h % CH][0] = d[0];
+            xsum[h % CH][1] = d[1];
             if constexpr (CH == 2) {
 #pragma unroll
               for (int i = 0; i < NTW; ++i)
@@ -309,25 +281,24 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
                 for (int jj = 0; jj < 2; ++jj) {
                   uint32_t a[4];
                   raw_codes<T, BITS>(wq[i], 2 * h + jj, a);
-                  Act<T>::mma(tmp[jj][i][0], a, jj ? xb[0][h].z : xb[0][h].x, jj ? xb[0][h].w : xb[0][h].y);
+                  Act<T>::mma(tmp[jj][i], a, jj ? xb[h].z : xb[h].x, jj ? xb[h].w : xb[h].y);
                 }
             } else {
-              // One chain per tile and column: the k-step outside, so the NTW x NB MMAs of a step
-              // are independent.
+              // One chain per tile: the k-step outside, so the NTW MMAs of a step are independent.
 #pragma unroll
               for (int jj = 0; jj < 2; ++jj)
 #pragma unroll
                 for (int i = 0; i < NTW; ++i) {
                   uint32_t a[4];
                   raw_codes<T, BITS>(wq[i], 2 * h + jj, a);
-#pragma unroll
-                  for (int j = 0; j < NB; ++j)
-                    Act<T>::mma(tmp[0][i][j], a, jj ? xb[j][h].z : xb[j][h].x, jj ? xb[j][h].w : xb[j][h].y);
+                  Act<T>::mma(tmp[0][i], a, jj ? xb[h].z : xb[h].x, jj ? xb[h].w : xb[h].y);
                 }
             }
           }
           if (kStaticGroups ? gs == kCpg - 1 : (flush >> r & 1)) {
             // acc += s * (sum (magic + q) x - (magic + z) * sum x), per weight row and token.
+            float x0 = xsum[0][0], x1 = xsum[0][1];
+            if constexpr (CH == 2) x0 += xsum[1][0], x1 += xsum[1][1];
 #pragma unroll
             for (int i = 0; i < NTW; ++i) {
               const uint32_t sw = mring[(r * 2 * NTW + i) * 32];
@@ -338,15 +309,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
                 z_lo = magic_value<T>() + float(zw & 0xffffu);
                 z_hi = magic_value<T>() + float(zw >> 16);
               }
-#pragma unroll
-              for (int j = 0; j < NB; ++j) {
-                float x0 = xsum[0][j][0], x1 = xsum[0][j][1];
-                if constexpr (CH == 2) x0 += xsum[1][j][0], x1 += xsum[1][j][1];
-                acc[i][j][0] = fmaf(s_lo, fmaf(-z_lo, x0, tsum(i, j, 0)), acc[i][j][0]);
-                acc[i][j][1] = fmaf(s_lo, fmaf(-z_lo, x1, tsum(i, j, 1)), acc[i][j][1]);
-                acc[i][j][2] = fmaf(s_hi, fmaf(-z_hi, x0, tsum(i, j, 2)), acc[i][j][2]);
-                acc[i][j][3] = fmaf(s_hi, fmaf(-z_hi, x1, tsum(i, j, 3)), acc[i][j][3]);
-              }
+              acc[i][0] = fmaf(s_lo, fmaf(-z_lo, x0, tsum(i, 0)), acc[i][0]);
+              acc[i][1] = fmaf(s_lo, fmaf(-z_lo, x1, tsum(i, 1)), acc[i][1]);
+              acc[i][2] = fmaf(s_hi, fmaf(-z_hi, x0, tsum(i, 2)), acc[i][2]);
+              acc[i][3] = fmaf(s_hi, fmaf(-z_hi, x1, tsum(i, 3)), acc[i][3]);
             }
           }
         } else {
@@ -363,9 +329,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
               for (int jj = 0; jj < 2; ++jj) {
                 uint32_t a[4];
                 dequant<T, BITS>(wq[i], 2 * h + jj, meta[i], a);
-#pragma unroll
-                for (int j = 0; j < NB; ++j)
-                  Act<T>::mma(acc[i][j], a, jj ? xb[j][h].z : xb[j][h].x, jj ? xb[j][h].w : xb[j][h].y);
+                Act<T>::mma(acc[i], a, jj ? xb[h].z : xb[h].x, jj ? xb[h].w : xb[h].y);
               }
         }
         // Refill this ring slot now that its weights, activations and scales are consumed.
@@ -375,29 +339,21 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
     cp_async_wait<0>();  // nothing in flight into the rings before the next item reuses them
 
-    // Tokens 8j + 2*tig and 8j + 2*tig + 1 of column j's C fragment (shuffles by every lane,
-    // before branching): slots[j][e].
-    int slots[NB][2];
-#pragma unroll
-    for (int j = 0; j < NB; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) slots[j][e] = __shfl_sync(0xffffffffu, slot, 8 * j + 2 * tig + e);
+    // Token columns 2*tig and 2*tig + 1 of the C fragment (shuffles by every lane, before branching).
+    const int slot0 = __shfl_sync(0xffffffffu, slot, 2 * tig);
+    const int slot1 = __shfl_sync(0xffffffffu, slot, 2 * tig + 1);
     if (kw > 1) {  // block-uniform: add the k-slices of each unit in its first warp
 #pragma unroll
       for (int i = 0; i < NTW; ++i)
 #pragma unroll
-        for (int j = 0; j < NB; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) red(warp)[((i * NB + j) * 4 + e) * 32 + lane] = acc[i][j][e];
+        for (int e = 0; e < 4; ++e) red(warp)[(i * 4 + e) * 32 + lane] = acc[i][e];
       __syncthreads();
       if (wk == 0)
         for (int w = 1; w < kw; ++w)
 #pragma unroll
           for (int i = 0; i < NTW; ++i)
 #pragma unroll
-            for (int j = 0; j < NB; ++j)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) acc[i][j][e] += red(warp + w)[((i * NB + j) * 4 + e) * 32 + lane];
+            for (int e = 0; e < 4; ++e) acc[i][e] += red(warp + w)[(i * 4 + e) * 32 + lane];
       __syncthreads();  // the rings are free for the next item
       if (wk != 0) continue;
     }
@@ -409,47 +365,42 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         const int c_lo = (PPW * unit + q) * 16 + g, c_hi = c_lo + 8;
         if (c_lo < p.N / 2) {
 #pragma unroll
-          for (int j = 0; j < NB; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              if (slots[j][e] < 0) continue;
-              char* row = static_cast<char*>(p.out) +
-                          (int64_t(mb) * BM + 8 * j + 2 * tig + e) * p.out_stride * int64_t(sizeof(T));
-              Act<T>::store(row + c_lo * sizeof(T), silu(acc[2 * q][j][e]) * acc[2 * q + 1][j][e]);
-              if (c_hi < p.N / 2)
-                Act<T>::store(row + c_hi * sizeof(T), silu(acc[2 * q][j][2 + e]) * acc[2 * q + 1][j][2 + e]);
-            }
+          for (int e = 0; e < 2; ++e) {
+            if ((e ? slot1 : slot0) < 0) continue;
+            char* row = static_cast<char*>(p.out) +
+                        (int64_t(mb) * kDecodeBM + 2 * tig + e) * p.out_stride * int64_t(sizeof(T));
+            Act<T>::store(row + c_lo * sizeof(T), silu(acc[2 * q][e]) * acc[2 * q + 1][e]);
+            if (c_hi < p.N / 2) Act<T>::store(row + c_hi * sizeof(T), silu(acc[2 * q][2 + e]) * acc[2 * q + 1][2 + e]);
+          }
         }
       }
     } else {
       float* out = static_cast<float*>(p.out);
 #pragma unroll
-      for (int j = 0; j < NB; ++j)
+      for (int e = 0; e < 2; ++e) {
+        const int s = e ? slot1 : slot0;
+        if (s < 0) continue;
+        const float w = __ldg(p.topk_weights + s);
+        float* orow = out + int64_t(s / p.topk) * p.out_stride;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int s = slots[j][e];
-          if (s < 0) continue;
-          const float w = __ldg(p.topk_weights + s);
-          float* orow = out + int64_t(s / p.topk) * p.out_stride;
-#pragma unroll
-          for (int i = 0; i < NTW; ++i) {
-            const int n_lo = (nt0 + i) * 16 + g;
-            if (n_lo < p.N) atomicAdd(orow + n_lo, w * acc[i][j][e]);
-            if (n_lo + 8 < p.N) atomicAdd(orow + n_lo + 8, w * acc[i][j][2 + e]);
-          }
+        for (int i = 0; i < NTW; ++i) {
+          const int n_lo = (nt0 + i) * 16 + g;
+          if (n_lo < p.N) atomicAdd(orow + n_lo, w * acc[i][e]);
+          if (n_lo + 8 < p.N) atomicAdd(orow + n_lo + 8, w * acc[i][2 + e]);
         }
+      }
     }
   }
 }
 
 // Blocks of the decode kernel resident per SM (cached per instantiation).
-template <class T, int BITS, bool DEFER, int CPG, int PPW, int NB>
+template <class T, int BITS, bool DEFER, int CPG, int PPW>
 int prepare_decode_variant() {
   static int bps = 0;
   static std::once_flag once;
   std::call_once(once, [] {
     WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG, PPW, NB>, kDecodeThreads, 0));
+        &bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG, PPW>, kDecodeThreads, 0));
     if (bps < 1) throw Error("the decode kernel cannot be resident on this device");
   });
   return bps;
@@ -457,9 +408,9 @@ int prepare_decode_variant() {
 // Deferred scaling cannot hold int8 codes with bf16: that pair only has the per-weight variant.
 template <class T, int BITS>
 constexpr bool kDecodeCanDefer = !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>);
-// The 4-tile variant (two tile pairs per warp) exists for int4 in config m8 only.
-template <int BITS, int NB = 1>
-constexpr bool kDecodeHas4Tiles = BITS == 4 && NB == 1;
+// The 4-tile variant (two tile pairs per warp) exists for int4 only.
+template <int BITS>
+constexpr bool kDecodeHas4Tiles = BITS == 4;
 
 // The chunks per group the static-group variants exist for (those dividing the pair kernel's ring
 // depth; the 4-tile variant covers the same ones by unrolling its 2-chunk ring twice for 4).
@@ -468,25 +419,25 @@ constexpr bool decode_static_cpg(int cpg) {
   return (cpg == 1 || cpg == 2 || cpg == 4) && (kDecodePF / (BITS / 4)) % cpg == 0;
 }
 
-template <class T, int BITS, int PPW, int NB>
+template <class T, int BITS, int PPW>
 int prepare_decode_ppw() {
-  int a = prepare_decode_variant<T, BITS, false, 0, PPW, NB>();
+  int a = prepare_decode_variant<T, BITS, false, 0, PPW>();
   if constexpr (kDecodeCanDefer<T, BITS>) {
-    a = std::min(a, prepare_decode_variant<T, BITS, true, 0, PPW, NB>());
-    a = std::min(a, prepare_decode_variant<T, BITS, true, 1, PPW, NB>());
-    a = std::min(a, prepare_decode_variant<T, BITS, true, 2, PPW, NB>());
-    if constexpr (decode_static_cpg<BITS>(4)) a = std::min(a, prepare_decode_variant<T, BITS, true, 4, PPW, NB>());
+    a = std::min(a, prepare_decode_variant<T, BITS, true, 0, PPW>());
+    a = std::min(a, prepare_decode_variant<T, BITS, true, 1, PPW>());
+    a = std::min(a, prepare_decode_variant<T, BITS, true, 2, PPW>());
+    if constexpr (decode_static_cpg<BITS>(4)) a = std::min(a, prepare_decode_variant<T, BITS, true, 4, PPW>());
   }
   return a;
 }
-template <class T, int BITS, int NB>
+template <class T, int BITS>
 int prepare_decode() {
-  int a = prepare_decode_ppw<T, BITS, 1, NB>();
-  if constexpr (kDecodeHas4Tiles<BITS, NB>) a = std::min(a, prepare_decode_ppw<T, BITS, 2, NB>());
+  int a = prepare_decode_ppw<T, BITS, 1>();
+  if constexpr (kDecodeHas4Tiles<BITS>) a = std::min(a, prepare_decode_ppw<T, BITS, 2>());
   return a;
 }
 
-template <class T, int BITS, int PPW, int NB>
+template <class T, int BITS, int PPW>
 void launch_decode_ppw(const cudaLaunchConfig_t& cfg, const KParams& kp) {
   if constexpr (kDecodeCanDefer<T, BITS>) {
     if (kp.defer_ok) {
@@ -495,23 +446,23 @@ void launch_decode_ppw(const cudaLaunchConfig_t& cfg, const KParams& kp) {
       const bool stat = kp.static_groups && decode_static_cpg<BITS>(kp.chunks_per_group) &&
                         kp.kc_per_split % kp.chunks_per_group == 0;
       const int cpg = stat ? kp.chunks_per_group : 0;
-      auto kern = cpg == 1   ? wna16_moe_decode_kernel<T, BITS, true, 1, PPW, NB>
-                  : cpg == 2 ? wna16_moe_decode_kernel<T, BITS, true, 2, PPW, NB>
-                  : cpg == 4 ? wna16_moe_decode_kernel<T, BITS, true, decode_static_cpg<BITS>(4) ? 4 : 0, PPW, NB>
-                             : wna16_moe_decode_kernel<T, BITS, true, 0, PPW, NB>;
+      auto kern = cpg == 1   ? wna16_moe_decode_kernel<T, BITS, true, 1, PPW>
+                  : cpg == 2 ? wna16_moe_decode_kernel<T, BITS, true, 2, PPW>
+                  : cpg == 4 ? wna16_moe_decode_kernel<T, BITS, true, decode_static_cpg<BITS>(4) ? 4 : 0, PPW>
+                             : wna16_moe_decode_kernel<T, BITS, true, 0, PPW>;
       WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, kp));
       return;
     }
   }
-  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, false, 0, PPW, NB>, kp));
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, false, 0, PPW>, kp));
 }
 
 // kp.decode_kw and kp.decode_ppw must be set (launch_moe_gemm chooses them). A persistent grid of
-// at most the resident blocks. NB: 8-token columns per m-block (1: config m8, 2: config m16).
-template <class T, int BITS, int NB>
+// at most the resident blocks.
+template <class T, int BITS>
 void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream) {
-  const int ppw = kDecodeHas4Tiles<BITS, NB> && kp.decode_ppw == 2 ? 2 : 1;
-  const int64_t resident = int64_t(prepare_decode<T, BITS, NB>()) * device_info().sms;
+  const int ppw = kDecodeHas4Tiles<BITS> && kp.decode_ppw == 2 ? 2 : 1;
+  const int64_t resident = int64_t(prepare_decode<T, BITS>()) * device_info().sms;
   const int64_t units = kp.NT / (2 * ppw), units_per_block = kDecodeWarps / kp.decode_kw;
   const int64_t items = upper_mblocks * ((units + units_per_block - 1) / units_per_block) * kp.splits;
   const int64_t grid = std::max<int64_t>(1, std::min(items, resident));
@@ -524,13 +475,13 @@ void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = kp.pdl ? 1 : 0;
-  if constexpr (kDecodeHas4Tiles<BITS, NB>) {
+  if constexpr (kDecodeHas4Tiles<BITS>) {
     if (ppw == 2) {
-      launch_decode_ppw<T, BITS, 2, NB>(cfg, kp);
+      launch_decode_ppw<T, BITS, 2>(cfg, kp);
       return;
     }
   }
-  launch_decode_ppw<T, BITS, 1, NB>(cfg, kp);
+  launch_decode_ppw<T, BITS, 1>(cfg, kp);
 }
 
 }  // namespace wna16::cuda::gemm

@@ -663,11 +663,10 @@ void launch_config(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   WNA16_CUDA_CHECK_LAUNCH();
 }
 
-// The decode kernel (sm90_wna16_moe_decode.cuh, included by the instantiating files); NB: 8-token
-// MMA columns per m-block (1: config m8, 2: config m16).
-template <class T, int BITS, int NB = 1>
+// The decode kernel (sm90_wna16_moe_decode.cuh, included by the instantiating files).
+template <class T, int BITS>
 int prepare_decode();
-template <class T, int BITS, int NB = 1>
+template <class T, int BITS>
 void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream);
 
 // The wgmma prefill kernel, config m128w (sm90_wna16_moe_prefill.cuh), explicitly instantiated in
@@ -710,17 +709,8 @@ int launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks,
       if (kp) launch_decode<__half, BITS>(*kp, upper_mblocks, s);
       else by_act(CfgM8{});
       return prepare_decode<__half, BITS>();
-    case 1:
-      // m16: the decode kernel with two token columns; it has no act-order gather (the launcher
-      // refuses perm for it).
-      if (act == DType::BF16) {
-        if (kp) launch_decode<__nv_bfloat16, BITS, 2>(*kp, upper_mblocks, s);
-        return prepare_decode<__nv_bfloat16, BITS, 2>();
-      }
-      if (kp) launch_decode<__half, BITS, 2>(*kp, upper_mblocks, s);
-      return prepare_decode<__half, BITS, 2>();
-    case 2: return by_act(CfgM32{});
-    case 3: return by_act(CfgM64{});
+    case 1: return by_act(CfgM32{});
+    case 2: return by_act(CfgM64{});
     default:
       // m128w: the wgmma prefill kernel (the launcher refuses act-order for it).
       if (act == DType::BF16) {

@@ -359,35 +359,23 @@ DeviceGemm tiny_host_gemm(const int* dummy) {
   return d;
 }
 
-// The configs without an act-order gather (m16: the decode kernel with 16-token m-blocks; m128w:
-// the wgmma prefill kernel) are never chosen for act-order and refuse a perm before launch.
-TEST(MoeGemm, ConfigsWithoutGatherRefuseActOrder) {
-  const int m16 = config_named("m16"), m128w = config_named("m128w");
-  ASSERT_GE(m16, 0);
-  ASSERT_GE(m128w, 0);
+TEST(MoeGemm, PrefillRefusesActOrder) {
+  const int config = config_named("m128w");
+  ASSERT_GE(config, 0);
   if (!std::getenv("WNA16_NO_WGMMA_PREFILL") && !std::getenv("WNA16_PREFILL_MIN_TOKENS")) {
-    EXPECT_EQ(choose_gemm_config(4096, 8, 256, false), m128w);  // DeepSeek-V3 prefill: ~128 per expert
+    EXPECT_EQ(choose_gemm_config(4096, 8, 256, false), config);  // DeepSeek-V3 prefill: ~128 per expert
   }
-  if (!std::getenv("WNA16_NO_M16") && !std::getenv("WNA16_DECODE_MAX_TOKENS")) {
-    EXPECT_EQ(choose_gemm_config(64, 2, 8, false), m16);  // Mixtral, 64 tokens: 16 per expert
-  }
-  for (int64_t M : {64, 256, 4096})
-    for (int64_t E : {8, 256}) {
-      const int c = choose_gemm_config(M, 8, E, true);
-      EXPECT_TRUE(c != m16 && c != m128w) << "M=" << M << " E=" << E << ": " << gemm_config_name(c);
-    }
+  EXPECT_NE(choose_gemm_config(4096, 8, 256, true), config);
   int dummy = 0;
   DeviceGemm d = tiny_host_gemm(&dummy);
   d.perm = &dummy;
-  for (int config : {m16, m128w}) {
-    GemmRun r;
-    r.config = config;
-    try {
-      launch_moe_gemm(d, r, nullptr);
-      FAIL() << "act-order accepted by " << gemm_config_name(config);
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(gemm_config_name(config)), std::string::npos) << e.what();
-    }
+  GemmRun r;
+  r.config = config;
+  try {
+    launch_moe_gemm(d, r, nullptr);
+    FAIL() << "act-order accepted by m128w";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("m128w"), std::string::npos) << e.what();
   }
 }
 
@@ -397,7 +385,7 @@ TEST(MoeGemm, RefusesXBeyondIndexRange) {
   int dummy = 0;
   const DeviceGemm d = tiny_host_gemm(&dummy);
   GemmRun r;
-  r.config = config_named("m64");
+  r.config = 2;
   r.epilogue = GemmEpilogue::SiluMul;
   r.x = &dummy;
   r.out = &dummy;
@@ -433,27 +421,23 @@ TEST(MoeGemm, AllGroupLengthsInt4Bf16) {
 // Every int4 case also runs the 4-tile variant (two tile pairs per warp): its kw = 1 blocks hang
 // over N here (GEMM1 6 units of 2 pairs, GEMM2 10: blocks of 4 units), its static groups of 4
 // chunks span two turns of its 2-chunk ring (group 256); int8 ignores the flag (one pair per warp).
-// The same for config m16 (two token columns; 4 experts get tokens, 2 per token): M = 3 (the second
-// column all padding), 24 (~12 per expert: the second column partly filled), 40 (~20: two m-blocks).
 TEST(MoeGemm, DecodeKernelEveryKSplit) {
   WNA16_REQUIRE_GPU();
   int i = 0;
-  for (const char* config : {"m8", "m16"})
-    for (int bits : {4, 8})
-      for (DType act : {DType::BF16, DType::F16})
-        for (int kw : {1, 2, 4})
-          for (int splits : {0, 3}) {
-            const int64_t gls[] = {128, 64, 32, 0, 256};
-            const bool m8 = std::string(config) == "m8";
-            const int64_t Ms[] = {m8 ? 1 : 3, m8 ? 3 : 24, m8 ? 9 : 40};
-            GemmCase c{bits, act, gls[i % 5], (i % 3) == 1, config_named(config), Ms[i % 3], kw, splits};
-            ++i;
+  for (int bits : {4, 8})
+    for (DType act : {DType::BF16, DType::F16})
+      for (int kw : {1, 2, 4})
+        for (int splits : {0, 3}) {
+          const int64_t gls[] = {128, 64, 32, 0, 256};
+          const int64_t Ms[] = {1, 3, 9};
+          GemmCase c{bits, act, gls[i % 5], (i % 3) == 1, 0, Ms[i % 3], kw, splits};
+          ++i;
+          run_gemm_case(c);
+          if (bits == 4 || (kw == 1 && splits == 0)) {  // int8: a few cases prove the flag is ignored
+            c.tiles4 = true;
             run_gemm_case(c);
-            if (bits == 4 || (kw == 1 && splits == 0)) {  // int8 and m16: a few cases prove the flag is ignored
-              c.tiles4 = true;
-              if (m8 || (kw == 1 && splits == 0)) run_gemm_case(c);
-            }
           }
+        }
 }
 
 TEST(MoeGemm, RefusesBadShapes) {

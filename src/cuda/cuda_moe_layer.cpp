@@ -517,9 +517,14 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   GemmRun r = d.align_driven_run(act, config, M, ws, L);
 
   d.set_gemm1(r, x, ws, L);
+  // A programmatic dependent of the align step that waits for it first: its launch and start
+  // overlap the align step's tail. A/B switch: WNA16_NO_GEMM1_PDL=1 (a plain launch).
+  static const bool no_gemm1_pdl = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
+  r.overlap_previous = r.wait_first = !no_gemm1_pdl;
   launch_moe_gemm(d.g1, r, st);
   stage_done("GEMM1 (gate/up)", st);
 
+  r.wait_first = false;
   d.set_gemm2(r, acc, w2, ws, L);
   r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);
   r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail

@@ -130,6 +130,10 @@ struct GemmRun {
   // streams its first weights while that kernel finishes and waits for it before reading x.
   // Ignored (a plain launch) by the staged kernels, which read x from the start.
   bool overlap_previous = false;
+  // With overlap_previous: the previous kernel also wrote the routing tables (sorted_ids,
+  // expert_ids, num_tokens_post_padded): wait for it before anything; only the launch latency and
+  // the blocks' start overlap it.
+  bool wait_first = false;
 };
 
 int gemm_config_count();

@@ -65,12 +65,14 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order) {
   const double p = std::min(1.0, double(topk) / double(E));
   const double active = std::max(1.0, double(E) * (1.0 - std::pow(1.0 - p, double(M))));
   const double per_expert = double(M) * double(topk) / active;
-  // The decode kernel (8-token m-blocks) up to kDecodeMaxTokens tokens per expert: beyond 8 an
-  // expert's m-blocks stream the same weights (L2 shares them when they run together).
-  // WNA16_DECODE_MAX_TOKENS=<tokens per expert>: A/B switch for that bound.
+  // The decode kernel (8-token m-blocks) up to 40 tokens per expert without act-order: beyond 8
+  // an expert's m-blocks stream the same weights (L2 shares them when they run together), which
+  // measured faster than the staged m32 kernel (H200, docs/perf.md: DeepSeek-V3 M=256 6380 ->
+  // 2684 us) and than a decode kernel with 16-token m-blocks. A/B switch for the bound:
+  // WNA16_DECODE_MAX_TOKENS=<tokens per expert> (8: the staged kernel from 9 tokens).
   static const double decode_max = [] {
     const char* v = std::getenv("WNA16_DECODE_MAX_TOKENS");
-    return v && *v ? std::atof(v) : 8.0;
+    return v && *v ? std::atof(v) : 40.0;
   }();
   if (per_expert <= decode_max && !act_order) return 0;
   if (per_expert <= 8.0) return 0;
@@ -287,7 +289,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
   const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
   static const bool no_pdl = std::getenv("WNA16_NO_GEMM_PDL") != nullptr;  // A/B switch
-  kp.pdl = r.overlap_previous && !no_pdl ? 1 : 0;
+  kp.pdl = r.overlap_previous && !no_pdl ? (r.wait_first ? 2 : 1) : 0;
   if (r.config == 0 && !w.perm) {
     // Decode kernel: the work shape (warps per unit along K, pairs per warp where the variant is
     // allowed) of the shortest modelled critical path on the expected m-blocks.

@@ -545,6 +545,8 @@ __global__ void __launch_bounds__(fused_max_threads(VPL)) moe_route_align_small_
   __syncthreads();
   // NOTE: every thread waits before its first global access and before it may exit, so this grid
   // completes only after the router did (the chain relies on that for the router's zero-fill).
+  // GEMM1 (a programmatic dependent that waits for this grid before anything) may launch now.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   // 2. Routing, one warp per token.
@@ -804,8 +806,6 @@ __global__ void __launch_bounds__(fused_max_threads(VPL)) moe_route_align_small_
   for (int q = q0 + tid; q < p.padded_cap; q += nthreads) p.sorted[q] = sentinel;
   for (int b = div_small(total, p.block_m, p.bm_magic) + tid; b < p.num_blocks; b += nthreads) p.expert_ids[b] = -1;
   if (tid == 0) *p.ntpp = total;
-  // No griddepcontrol.launch_dependents: the next kernel (GEMM1) is a plain launch; a programmatic
-  // one would have to griddepcontrol.wait before reading sorted_ids / expert_ids / ntpp anyway.
 }
 
 // Everything the launch needs, or ok = false where the fused kernel does not apply.

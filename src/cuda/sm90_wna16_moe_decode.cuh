@@ -85,9 +85,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   // Programmatic dependent launch (no-ops without the launch attribute): the next kernel may
   // start its weight prefetch now (griddepcontrol.wait there still waits for this whole grid and
   // its writes); and this grid waits for the previous one only before its first read of x
-  // (below), so its first weights stream while that kernel finishes.
+  // (below), so its first weights stream while that kernel finishes. pdl == 2 (GEMM1 after the
+  // align step, whose tables drive it): wait first, and release the next kernel (GEMM2, which
+  // reads the same tables before its own wait) only after that.
+  if (p.pdl == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  bool waited = false;
+  bool waited = p.pdl == 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tig = lane & 3;
   const int kw = p.decode_kw;                      // warps per unit (PPW tile pairs) along K

@@ -267,7 +267,8 @@ struct KParams {
   int cpg_shift;         // log2(chunks_per_group) when a power of two, else -1
   int group_shift;       // log2(group_len) when a power of two, else -1 (shifts, not divisions)
   int decode_kw;         // decode kernel only: warps sharing a tile pair along K (1, 2, 4)
-  int pdl;               // decode kernel only: launched as a programmatic dependent
+  int pdl;               // decode kernel only: launched as a programmatic dependent (1: waits before
+                         // reading x; 2: waits before anything)
   int static_groups;     // decode kernel only: splits are whole groups, static-group variants allowed
   int decode_ppw;        // decode kernel only: tile pairs per warp (1; 2: the int4 4-tile variant)
 };

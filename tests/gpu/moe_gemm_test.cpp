@@ -379,6 +379,18 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
   }
 }
 
+// The tile config by tokens per expert (host-only): the decode kernel (m8) up to 40 without
+// act-order (several m-blocks per expert beyond 8), the staged m32 kernel for act-order there.
+TEST(MoeGemm, ChoosesDecodeUpTo40TokensPerExpert) {
+  if (std::getenv("WNA16_DECODE_MAX_TOKENS")) GTEST_SKIP() << "WNA16_DECODE_MAX_TOKENS is set";
+  const int m8 = config_named("m8"), m32 = config_named("m32");
+  EXPECT_EQ(choose_gemm_config(1, 2, 8, false), m8);
+  EXPECT_EQ(choose_gemm_config(64, 2, 8, false), m8);    // Mixtral: 16 per expert
+  EXPECT_EQ(choose_gemm_config(1024, 8, 256, false), m8);  // DeepSeek-V3: 32 per expert
+  EXPECT_EQ(choose_gemm_config(64, 2, 8, true), m32);
+  EXPECT_NE(choose_gemm_config(256, 2, 8, false), m8);   // Mixtral: 64 per expert
+}
+
 // The staged and prefill kernels index x with 32-bit element offsets: a GEMM whose x would not fit
 // is refused before launch, naming the sizes (host-only: runs without a GPU too).
 TEST(MoeGemm, RefusesXBeyondIndexRange) {

@@ -1,9 +1,10 @@
 // CudaMoeLayer: load-time repack of a MoE layer into the fused GEMM layout (moe_gemm.h) and the
 // per-call pipeline on one stream:
 //   router logits (fp32; also zeroes out_f32; plain launch)
-//   -> routing (also appends the shared-expert slots) and align: one fused kernel at small slot
-//      counts (decode), else two kernels (route_and_align); programmatic dependent launches
-//   -> GEMM1 (gate/up, SiLU*up, intermediate in act dtype; plain launch)
+//   -> routing (also appends the shared-expert slots) -> align (route_and_align); programmatic
+//      dependent launches
+//   -> GEMM1 (gate/up, SiLU*up, intermediate in act dtype; a programmatic dependent of align that
+//      waits for it first)
 //   -> GEMM2 (x routing weight, fp32 atomics into out_f32: the top-k sum and split-K partials;
 //      programmatic dependent of GEMM1)
 //   -> cast to act (programmatic dependent of GEMM2: waits for its completion before reading).
@@ -445,19 +446,15 @@ void CudaMoeLayer::Impl::check_call(const void* x, const void* out, int64_t M, D
 }
 
 // Router logits (plain launch: fully ordered after whatever came before, which may still read the
-// accumulator it zeroes), then either
-//  - small slot counts (the decode case, routing_align_small_fits: M <= 64, M * k2 <= 1024): ONE
-//    kernel that routes (shared-expert slots appended) and aligns, launched with programmatic
-//    dependent launch; or
-//  - otherwise routing with the shared-expert slots appended -> align, both with programmatic
-//    dependent launch.
-// Each programmatic launch waits (griddepcontrol.wait) in every thread before its first global
-// access, so each completes only after its predecessor did; the GEMM after the align step is a
-// plain launch, so by then the router's zero-fill of the accumulator is complete too.
-// WNA16_NO_FUSED_ROUTING=1 forces the two-kernel path (an A/B switch; the outputs are identical).
+// accumulator it zeroes), then routing with the shared-expert slots appended -> align, both with
+// programmatic dependent launch. Each programmatic launch waits (griddepcontrol.wait) in every
+// thread before its first global access, so each completes only after its predecessor did; GEMM1,
+// a programmatic dependent that waits first, starts after the align step completed, and by then
+// the router's zero-fill of the accumulator is complete too.
+// NOTE: a kernel fusing routing and align at small slot counts (one launch fewer) measured no
+// faster end to end on the H200 and was removed (docs/perf.md).
 void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L,
                                          int block_m, cudaStream_t st) const {
-  static const bool no_fused = std::getenv("WNA16_NO_FUSED_ROUTING") != nullptr;
   auto* logits = reinterpret_cast<float*>(ws + L.logits);
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
   launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate,
@@ -466,19 +463,11 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   // With shared slices the routing writes [M, k + S] straight into ids2 / w2 (no append kernel).
   auto* ids2 = reinterpret_cast<int32_t*>(ws + (S > 0 ? L.ids2 : L.ids));
   auto* w2 = reinterpret_cast<float*>(ws + (S > 0 ? L.w2 : L.w));
-  auto* sorted = reinterpret_cast<int32_t*>(ws + L.sorted);
-  auto* eids = reinterpret_cast<int32_t*>(ws + L.eids);
-  auto* ntpp = reinterpret_cast<int32_t*>(ws + L.ntpp);
-  if (!no_fused && routing_align_small_fits(spec.routing, M, S, block_m)) {
-    launch_routing_align_small(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
-                               ids2, w2, block_m, sorted, eids, ntpp, st);
-    stage_done("routing + align", st);
-    return;
-  }
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
                              ids2, w2, st);
   stage_done("routing", st);
-  launch_align(ids2, M * k2, E2, block_m, sorted, eids, ntpp, st);
+  launch_align(ids2, M * k2, E2, block_m, reinterpret_cast<int32_t*>(ws + L.sorted),
+               reinterpret_cast<int32_t*>(ws + L.eids), reinterpret_cast<int32_t*>(ws + L.ntpp), st);
   stage_done("align", st);
 }
 

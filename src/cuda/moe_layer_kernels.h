@@ -28,19 +28,6 @@ void launch_append_shared(const int32_t* ids, const float* weights, const float*
 void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias,
                                 const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream);
 
-// launch_routing_with_shared followed by launch_align(ids2, M * (top_k + S), E + S, block_m, ...)
-// in one launch of one CTA (the decode case): the same ids2 / weights2 / sorted_token_ids /
-// expert_ids / num_tokens_post_padded, bit for bit. Only for the sizes where
-// routing_align_small_fits() says yes (M <= 64, M * (top_k + S) <= kAlignSmallMaxSlots, the
-// per-warp scratch within 48 KB of shared memory at <= 2 tokens per warp, block_m <= 1024); it
-// throws otherwise. Launched with programmatic dependent launch: it waits (griddepcontrol.wait) for
-// the previous kernel before its first global access, and writes nothing global before that.
-bool routing_align_small_fits(const RoutingConfig& cfg, int64_t M, int S, int block_m);
-void launch_routing_align_small(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias,
-                                const float* gate_logit, int S, int32_t* ids2, float* weights2, int block_m,
-                                int32_t* sorted_token_ids, int32_t* expert_ids, int32_t* num_tokens_post_padded,
-                                Stream stream);
-
 // out[i] = act(acc[i]) for i < n (n a multiple of 4). Launched with programmatic dependent launch
 // after the layer's GEMM2: it waits (griddepcontrol.wait) for the previous kernel before reading acc.
 void launch_cast_out(const float* acc, void* out, DType act, int64_t n, Stream stream);

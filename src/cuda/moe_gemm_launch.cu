@@ -302,8 +302,6 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     const DecodeChoice c = best_decode_shape(mblocks, w.NT / 2, kp.splits, kp.kc_per_split,
                                              resident_blocks(w.bits, r.config, r.act), decode_ppw_range(w, r.decode_4tiles));
     kp.decode_ppw = c.ppw;
-    static const bool no_item_prefetch = std::getenv("WNA16_NO_ITEM_PREFETCH") != nullptr;  // A/B switch
-    kp.item_prefetch = no_item_prefetch ? 0 : 1;
     kp.decode_kw = r.decode_kw != 0 ? r.decode_kw : c.shape.kw;
   }
   auto s = static_cast<cudaStream_t>(stream);

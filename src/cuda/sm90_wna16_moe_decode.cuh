@@ -100,41 +100,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   const int nb_count = ((p.NT / NTW) + units_per_block - 1) / units_per_block;
   const int64_t total = int64_t(num_mb) * nb_count * p.splits;
   const T* x = static_cast<const T*>(p.x);
+  const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
   const int mstride = p.NT * 8;                    // meta words per group
 
-  // An item's place for this warp: m-block, expert, first tile, k-chunks [kb, ke) (the split's
-  // range cut into kw slices, whole groups when deferred).
-  struct ItemGeo {
-    int split, mb, expert, unit, nt0, kb, ke;
-  };
-  auto geometry = [&](int64_t it) {
-    ItemGeo q;
-    q.split = int(it % p.splits);
-    const int64_t rest = it / p.splits;
-    q.mb = p.mb_begin + int(rest / nb_count);
-    q.expert = __ldg(p.expert_ids + q.mb);
-    q.unit = int(rest % nb_count) * units_per_block + wp;
-    q.nt0 = NTW * q.unit;
-    const int ks0 = q.split * p.kc_per_split, ks_end = min(p.KC, ks0 + p.kc_per_split);
-    int per = (ks_end - ks0 + kw - 1) / kw;
-    if (DEFER && (kStaticGroups || p.G > 1)) per = (per + p.chunks_per_group - 1) / p.chunks_per_group * p.chunks_per_group;
-    q.kb = min(ks_end, ks0 + wk * per);
-    q.ke = min(ks_end, q.kb + per);
-    return q;
-  };
-  const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
-  auto weights_of = [&](const ItemGeo& q) {
-    return p.qweight + int64_t(q.expert) * p.qw_stride + int64_t(q.kb) * wstride + int64_t(q.nt0) * U * 32 + lane;
-  };
-  // The weight ring (registers) lives across items: the next item's first PF chunks are loaded
-  // before this item's epilogue (item_prefetch), so their DRAM latency hides behind it.
-  uint4 wbuf[kDecodeSmemW ? 1 : PF][NTW * U];
-  int64_t pf_item = -1;  // the item whose first chunks are in wbuf (or in flight)
-
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
-    const ItemGeo q = geometry(item);
-    const int split = q.split, mb = q.mb, expert = q.expert, unit = q.unit, nt0 = q.nt0;
+    const int split = int(item % p.splits);
+    const int64_t rest = item / p.splits;
+    const int nb = int(rest % nb_count);
+    const int mb = p.mb_begin + int(rest / nb_count);
+    const int expert = __ldg(p.expert_ids + mb);
     if (expert < 0) continue;  // block-uniform
+    const int unit = nb * units_per_block + wp;
+    const int nt0 = NTW * unit;  // this warp's first tile
     // PPW = 2, kw = 1: the last block of a row may hang over NT (warp-uniform; no block barrier
     // follows with kw = 1, and kw = 2, 4 blocks divide NT exactly).
     if constexpr (PPW > 1)
@@ -154,15 +131,20 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       xrow = x + src * p.x_stride + 16 * tig;
     }
 
-    const int kb = q.kb, ke = q.ke, nk = ke - kb;
-    (void)split;
+    // This warp's k-chunks: the split's range cut into kw slices (whole groups when deferred).
+    const int ks0 = split * p.kc_per_split, ks_end = min(p.KC, ks0 + p.kc_per_split);
+    int per = (ks_end - ks0 + kw - 1) / kw;
+    if (DEFER && (kStaticGroups || p.G > 1)) per = (per + p.chunks_per_group - 1) / p.chunks_per_group * p.chunks_per_group;
+    const int kb = min(ks_end, ks0 + wk * per), ke = min(ks_end, kb + per);
+    const int nk = ke - kb;
 
     // Ring loads, in chunk order (one running pointer per stream). Each lane copies exactly what it
     // later reads (its B operand's 32 bytes, its rows' meta words), so its own cp.async.wait_group
     // is the only synchronisation. NOTE: activations and scales need the same lead as the weights:
     // they come from L2 or DRAM, and a round trip under a full DRAM stream is far longer than one
     // chunk's work.
-    const uint4* wnext = weights_of(q);
+    uint4 wbuf[kDecodeSmemW ? 1 : PF][NTW * U];
+    const uint4* wnext = p.qweight + int64_t(expert) * p.qw_stride + int64_t(kb) * wstride + int64_t(nt0) * U * 32 + lane;
     const uint4* xnext = reinterpret_cast<const uint4*>(xrow ? xrow + kb * 64 : x);
     uint4* xring = &xs_ring[warp][0][g][2 * tig];
     uint32_t* mring = &meta_ring[warp][0][0][lane];
@@ -220,13 +202,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         for (pos += 64; pos >= p.group_len; pos -= p.group_len) ++grp;
       }
     };
-    const bool have_w = item == pf_item;  // the previous item's epilogue loaded them
 #pragma unroll
     for (int s = 0; s < PF; ++s)
-      if (s < nk) {
-        if (have_w) wnext += wstride;
-        else load_w(s);
-      }
+      if (s < nk) load_w(s);
     if (!waited) {  // x may be the previous kernel's output
       asm volatile("griddepcontrol.wait;" ::: "memory");
       waited = true;
@@ -360,24 +338,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         // Refill this ring slot now that its weights, activations and scales are consumed.
         if (kt + PF < nk) load_w(r), load_x_meta(r, (s + PF) % UN);
         cp_async_commit();
-      }
-    }
-    if constexpr (!kDecodeSmemW) {
-      // The next item of this block: its first chunks' weights into the (consumed) ring now.
-      const int64_t nxt = item + gridDim.x;
-      if (p.item_prefetch && nxt < total) {
-        const ItemGeo n = geometry(nxt);
-        if (n.expert >= 0 && !(PPW > 1 && n.nt0 >= p.NT)) {
-          const uint4* wn = weights_of(n);
-#pragma unroll
-          for (int s = 0; s < PF; ++s)
-            if (s < n.ke - n.kb) {
-#pragma unroll
-              for (int u = 0; u < NTW * U; ++u) wbuf[s][u] = ld_stream16(wn + u * 32);
-              wn += wstride;
-            }
-          pf_item = nxt;
-        }
       }
     }
     cp_async_wait<0>();  // nothing in flight into the rings before the next item reuses them

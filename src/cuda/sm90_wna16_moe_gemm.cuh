@@ -271,7 +271,6 @@ struct KParams {
                          // reading x; 2: waits before anything)
   int static_groups;     // decode kernel only: splits are whole groups, static-group variants allowed
   int decode_ppw;        // decode kernel only: tile pairs per warp (1; 2: the int4 4-tile variant)
-  int item_prefetch;     // decode kernel only: load the next item's first weights before the epilogue
 };
 
 template <class CFG, int BITS>

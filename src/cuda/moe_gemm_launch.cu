@@ -123,8 +123,21 @@ DecodeShape best_decode_kw(int64_t mblocks, int64_t pairs, int64_t splits, int64
   DecodeShape best{1, 1e300};
   const int64_t units = (pairs + ppw - 1) / ppw;
   const double chunk = ppw == 2 ? kDecode4TileChunkCost : 1.0;
+  // A/B switch WNA16_DECODE_KW=1|2|4: only that in-block K split (the model still picks the pairs
+  // per warp and the split-K for it).
+  static const int only_kw = [] {
+    const char* v = std::getenv("WNA16_DECODE_KW");
+    const std::string t = v ? v : "";
+    if (t.empty()) return 0;
+    if (t != "1" && t != "2" && t != "4") throw Error("WNA16_DECODE_KW=" + t + " is not 1, 2 or 4");
+    return std::stoi(t);
+  }();
   for (int kw : {1, 2, 4}) {
-    if (kw > 1 && kc_per_split < 4 * kw) break;  // keep >= 4 chunks per warp
+    if (only_kw != 0) {
+      if (kw != only_kw) continue;
+    } else if (kw > 1 && kc_per_split < 4 * kw) {
+      break;  // keep >= 4 chunks per warp
+    }
     const int64_t units_per_block = gemm::kDecodeWarps / kw;
     const int64_t blocks = mblocks * ((units + units_per_block - 1) / units_per_block) * splits;
     const int64_t rounds = (blocks + resident - 1) / resident;

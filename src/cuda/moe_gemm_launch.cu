@@ -118,20 +118,12 @@ struct DecodeShape {
   int kw = 1;
   double cost = 0;
 };
+// only_kw != 0: that in-block K split only (the A/B switch WNA16_DECODE_KW).
 DecodeShape best_decode_kw(int64_t mblocks, int64_t pairs, int64_t splits, int64_t kc_per_split, int64_t resident,
-                           int ppw) {
+                           int ppw, int only_kw) {
   DecodeShape best{1, 1e300};
   const int64_t units = (pairs + ppw - 1) / ppw;
   const double chunk = ppw == 2 ? kDecode4TileChunkCost : 1.0;
-  // A/B switch WNA16_DECODE_KW=1|2|4: only that in-block K split (the model still picks the pairs
-  // per warp and the split-K for it).
-  static const int only_kw = [] {
-    const char* v = std::getenv("WNA16_DECODE_KW");
-    const std::string t = v ? v : "";
-    if (t.empty()) return 0;
-    if (t != "1" && t != "2" && t != "4") throw Error("WNA16_DECODE_KW=" + t + " is not 1, 2 or 4");
-    return std::stoi(t);
-  }();
   for (int kw : {1, 2, 4}) {
     if (only_kw != 0) {
       if (kw != only_kw) continue;
@@ -157,15 +149,35 @@ struct DecodeChoice {
   int ppw = 1;
 };
 DecodeChoice best_decode_shape(int64_t mblocks, int64_t pairs, int64_t splits, int64_t kc_per_split, int64_t resident,
-                               std::pair<int, int> ppw_range) {
+                               std::pair<int, int> ppw_range, int only_kw) {
   DecodeChoice best{{1, 1e300}, 1};
   for (int ppw = ppw_range.first; ppw <= ppw_range.second; ++ppw) {
-    const DecodeShape s = best_decode_kw(mblocks, pairs, splits, kc_per_split, resident, ppw);
+    const DecodeShape s = best_decode_kw(mblocks, pairs, splits, kc_per_split, resident, ppw, only_kw);
     if (s.cost < best.shape.cost * (1 - 1e-9)) best = {s, ppw};
   }
   return best;
 }
+// The A/B switch WNA16_DECODE_KW (read once): {GEMM1's pin, GEMM2's pin}, 0 = the model's choice.
+std::pair<int, int> decode_kw_pins() {
+  static const std::pair<int, int> pins = [] {
+    const char* v = std::getenv("WNA16_DECODE_KW");
+    return parse_decode_kw_pin(v ? v : "");
+  }();
+  return pins;
+}
 }  // namespace
+
+std::pair<int, int> parse_decode_kw_pin(const std::string& v) {
+  auto one = [&](const std::string& t) {
+    if (t != "0" && t != "1" && t != "2" && t != "4")
+      throw Error("WNA16_DECODE_KW=" + v + ": '" + t + "' is not 0 (the model's choice), 1, 2 or 4");
+    return std::stoi(t);
+  };
+  if (v.empty()) return {0, 0};
+  const size_t comma = v.find(',');
+  if (comma == std::string::npos) return {one(v), one(v)};
+  return {one(v.substr(0, comma)), one(v.substr(comma + 1))};
+}
 
 int decode_4tiles_default() {
   static const int mode = [] {
@@ -195,7 +207,9 @@ int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t
     for (int64_t sp = 1; sp <= 8 && (sp == 1 || kc / sp >= 8); ++sp) {
       const int64_t per = (kc + sp - 1) / sp;
       const double cost =
-          best_decode_shape(est_mblocks, w.NT / 2, sp, per, resident, decode_ppw_range(w, decode_4tiles)).shape.cost;
+          best_decode_shape(est_mblocks, w.NT / 2, sp, per, resident, decode_ppw_range(w, decode_4tiles),
+                            decode_kw_pins().second)
+              .shape.cost;
       if (cost < best_cost * (1 - 1e-9)) best_cost = cost, best = int(sp);
     }
     return best;
@@ -312,8 +326,10 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
       throw Error("decode_4tiles=" + std::to_string(r.decode_4tiles) + " is not 0, 1 or 2");
     const int64_t mblocks = r.mb_count >= 0 ? r.mb_count
                                             : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
+    const int only_kw = r.epilogue == GemmEpilogue::SiluMul ? decode_kw_pins().first : decode_kw_pins().second;
     const DecodeChoice c = best_decode_shape(mblocks, w.NT / 2, kp.splits, kp.kc_per_split,
-                                             resident_blocks(w.bits, r.config, r.act), decode_ppw_range(w, r.decode_4tiles));
+                                             resident_blocks(w.bits, r.config, r.act), decode_ppw_range(w, r.decode_4tiles),
+                                             only_kw);
     kp.decode_ppw = c.ppw;
     kp.decode_kw = r.decode_kw != 0 ? r.decode_kw : c.shape.kw;
   }

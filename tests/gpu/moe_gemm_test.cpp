@@ -391,6 +391,23 @@ TEST(MoeGemm, ChoosesDecodeUpTo40TokensPerExpert) {
   EXPECT_NE(choose_gemm_config(256, 2, 8, false), m8);   // Mixtral: 64 per expert
 }
 
+// The WNA16_DECODE_KW switch's parser (host-only): one pin for both GEMMs or one each; anything
+// else is refused naming the value.
+TEST(MoeGemm, DecodeKwPinParses) {
+  EXPECT_EQ(parse_decode_kw_pin(""), std::make_pair(0, 0));
+  EXPECT_EQ(parse_decode_kw_pin("4"), std::make_pair(4, 4));
+  EXPECT_EQ(parse_decode_kw_pin("4,0"), std::make_pair(4, 0));
+  EXPECT_EQ(parse_decode_kw_pin("1,2"), std::make_pair(1, 2));
+  for (const char* bad : {"3", "4,", ",2", "x", "4,2,1", "8,1"}) {
+    try {
+      parse_decode_kw_pin(bad);
+      ADD_FAILURE() << "WNA16_DECODE_KW=" << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("WNA16_DECODE_KW=") + bad), std::string::npos) << e.what();
+    }
+  }
+}
+
 // The staged and prefill kernels index x with 32-bit element offsets: a GEMM whose x would not fit
 // is refused before launch, naming the sizes (host-only: runs without a GPU too).
 TEST(MoeGemm, RefusesXBeyondIndexRange) {

@@ -95,11 +95,43 @@ int resident_blocks(int bits, int config, DType act) {
   return bps * gemm::device_info().sms;
 }
 
+double expected_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm) {
+  if (M < 1 || topk < 1 || E < 1 || bm < 1)
+    throw Error("expected_mblocks: M=" + std::to_string(M) + " topk=" + std::to_string(topk) + " E=" +
+                std::to_string(E) + " bm=" + std::to_string(bm) + " must all be >= 1");
+  const double p = std::min(1.0, double(topk) / double(E));
+  if (p >= 1.0) return double(E) * double((M + bm - 1) / bm);
+  // sum over n of P(n) ceil(n / bm), over mean +- 12 standard deviations (the rest is < 1e-30).
+  const double mean = double(M) * p, sd = std::sqrt(double(M) * p * (1.0 - p));
+  const int64_t lo = std::max<int64_t>(0, int64_t(mean - 12.0 * sd) - 1);
+  const int64_t hi = std::min<int64_t>(M, int64_t(mean + 12.0 * sd) + 2);
+  const double lgm = std::lgamma(double(M) + 1.0), lp = std::log(p), lq = std::log1p(-p);
+  double blocks = 0.0;
+  for (int64_t n = lo; n <= hi; ++n) {
+    const double lpmf = lgm - std::lgamma(double(n) + 1.0) - std::lgamma(double(M - n) + 1.0) + double(n) * lp +
+                        double(M - n) * lq;
+    blocks += std::exp(lpmf) * double((n + bm - 1) / bm);
+  }
+  return double(E) * blocks;
+}
+
 namespace {
-// The m-blocks the align step is expected to produce (one per distinct expert under uniform
-// routing, plus the blocks their extra tokens fill); the real count is only known on the device.
+// The m-blocks the align step is expected to produce; the real count is only known on the device.
+// Default: one per distinct expert under uniform routing, plus (slots - active) / bm (this counts
+// blocks beyond the first from the first slot on, so it over-counts when experts get fewer than
+// bm tokens: Mixtral M=16, 4 per expert, 11 for 8). WNA16_DECODE_MBLOCKS=exact (A/B switch, not yet
+// measured): the expectation of sum over experts of ceil(tokens / bm), expected_mblocks().
 int64_t estimate_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm) {
+  static const bool exact = [] {
+    const char* v = std::getenv("WNA16_DECODE_MBLOCKS");
+    const std::string t = v ? v : "";
+    if (!t.empty() && t != "exact" && t != "spill")
+      throw Error("WNA16_DECODE_MBLOCKS=" + t + " is not exact or spill");
+    return t == "exact";
+  }();
   const int64_t slots = M * topk;
+  if (exact && M >= 1 && topk >= 1 && E >= 1)
+    return std::max<int64_t>(1, std::llround(expected_mblocks(M, topk, E, bm)));
   const double p = std::min(1.0, double(topk) / double(std::max<int64_t>(1, E)));
   const int64_t active = int64_t(std::ceil(double(E) * (1.0 - std::pow(1.0 - p, double(M)))));
   const int64_t spill = std::max<int64_t>(0, slots - active) / bm;  // blocks beyond one per active expert

@@ -5,11 +5,11 @@
 #include "gpu/gpu_test_util.h"
 
 #ifdef WNA16_HAVE_CUDA
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>

@@ -104,11 +104,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   const int mstride = p.NT * 8;                    // meta words per group
 
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
-    const int split = int(item % p.splits);
-    const int64_t rest = item / p.splits;
-    const int nb = int(rest % nb_count);
-    const int mb = p.mb_begin + int(rest / nb_count);
-    const int expert = __ldg(p.expert_ids + mb);
+    const WorkItem it = decode_item(p, item, nb_count);
+    const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     if (expert < 0) continue;  // block-uniform
     const int unit = nb * units_per_block + wp;
     const int nt0 = NTW * unit;  // this warp's first tile

@@ -273,6 +273,36 @@ struct KParams {
   int decode_ppw;        // decode kernel only: tile pairs per warp (1; 2: the int4 4-tile variant)
 };
 
+// A work item of the persistent loops (staged, decode and prefill kernels): (m-block, n-block,
+// k-split), the split varying fastest. expert < 0: a padding m-block of the align output.
+struct WorkItem {
+  int split, nb, mb, expert;
+};
+__device__ __forceinline__ WorkItem decode_item(const KParams& p, int64_t item, int nb_count) {
+  WorkItem w;
+  w.split = int(item % p.splits);
+  const int64_t rest = item / p.splits;
+  w.nb = int(rest % nb_count);
+  w.mb = p.mb_begin + int(rest / nb_count);
+  w.expert = __ldg(p.expert_ids + w.mb);
+  return w;
+}
+
+// The staged and prefill kernels' token tables of m-block mb: s_slot[c] = the slot of token column c
+// (-1: padding), s_src[c] = the x row that feeds it. Returns the valid columns, block-wide (they
+// form a prefix: align pads each expert's run at its end). Every thread of the block calls it.
+template <int BM>
+__device__ __forceinline__ int fill_row_tables(const KParams& p, int mb, int tid, int* s_slot, int* s_src) {
+  int is_valid = 0;
+  if (tid < BM) {
+    const int slot = __ldg(p.sorted_ids + int64_t(mb) * BM + tid);
+    is_valid = slot >= 0 && slot < p.num_slots;
+    s_slot[tid] = is_valid ? slot : -1;
+    s_src[tid] = !is_valid ? -1 : (p.epilogue == 0 ? slot / p.topk : mb * BM + tid);
+  }
+  return __syncthreads_count(is_valid);
+}
+
 template <class CFG, int BITS>
 struct Smem {
   static constexpr int U = BITS / 4;  // 16-byte words per lane per chunk
@@ -306,21 +336,10 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
   const T* x = static_cast<const T*>(p.x);
 
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
-    const int split = int(item % p.splits);
-    const int64_t rest = item / p.splits;
-    const int nb = int(rest % nb_count);
-    const int mb = p.mb_begin + int(rest / nb_count);
-    const int expert = __ldg(p.expert_ids + mb);
+    const WorkItem it = decode_item(p, item, nb_count);
+    const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     __syncthreads();  // the previous item is done with s_src / s_slot and every stage buffer
-    int is_valid = 0;
-    if (tid < BM) {
-      const int slot = __ldg(p.sorted_ids + int64_t(mb) * BM + tid);
-      is_valid = slot >= 0 && slot < p.num_slots;
-      s_slot[tid] = is_valid ? slot : -1;
-      s_src[tid] = !is_valid ? -1 : (p.epilogue == 0 ? slot / p.topk : mb * BM + tid);
-    }
-    // Valid columns form a prefix (align pads each expert's run at its end).
-    const int nvalid = __syncthreads_count(is_valid);
+    const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src);
     if (expert < 0 || nvalid == 0) continue;  // uniform across the block
     const int nact = (nvalid + 7) / 8;        // 8-token MMA columns holding at least one token
     const int kc0 = split * p.kc_per_split;

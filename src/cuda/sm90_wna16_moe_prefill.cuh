@@ -137,21 +137,10 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
   const uint32_t xsoff = uint32_t(xr0 * 128 + ((xp8 ^ (xr0 & 7)) << 4));
 
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
-    const int split = int(item % p.splits);
-    const int64_t rest = item / p.splits;
-    const int nb = int(rest % nb_count);
-    const int mb = p.mb_begin + int(rest / nb_count);
-    const int expert = __ldg(p.expert_ids + mb);
+    const WorkItem it = decode_item(p, item, nb_count);
+    const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     __syncthreads();  // the previous item is done with s_src / s_slot and every stage buffer
-    int is_valid = 0;
-    if (tid < BM) {
-      const int slot = __ldg(p.sorted_ids + int64_t(mb) * BM + tid);
-      is_valid = slot >= 0 && slot < p.num_slots;
-      s_slot[tid] = is_valid ? slot : -1;
-      s_src[tid] = !is_valid ? -1 : (p.epilogue == 0 ? slot / p.topk : mb * BM + tid);
-    }
-    // Valid columns form a prefix (align pads each expert's run at its end).
-    const int nvalid = __syncthreads_count(is_valid);
+    const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src);
     if (expert < 0 || nvalid == 0) continue;  // uniform across the block
     const int kc0 = split * p.kc_per_split;
     const int kc_end = min(p.KC, kc0 + p.kc_per_split);

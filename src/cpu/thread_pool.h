@@ -15,7 +15,8 @@ namespace wna16::cpu {
 
 class ThreadPool {
  public:
-  // threads <= 0: hardware_concurrency(), or WNA16_CPU_THREADS when set.
+  // threads <= 0: hardware_concurrency(), or WNA16_CPU_THREADS when set (a whole number from 1 to
+  // 4096; anything else throws Error naming the value).
   explicit ThreadPool(int threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cpu/align.h"
@@ -199,6 +201,27 @@ TEST(CpuThreadPool, RunsEveryTaskOnceAndPropagatesErrors) {
   std::atomic<int64_t> sum{0};
   pool.run(10, [&](int64_t t, int) { sum += t; });  // still usable after an error
   EXPECT_EQ(sum.load(), 45);
+}
+
+// WNA16_CPU_THREADS sizes a default pool; anything but a whole number from 1 to 4096 is refused
+// with the value named (a typo must not silently pick a size).
+TEST(CpuThreadPool, ThreadsFromTheEnvironment) {
+  const char* saved = std::getenv("WNA16_CPU_THREADS");
+  const std::string keep = saved ? saved : "";
+  ASSERT_EQ(setenv("WNA16_CPU_THREADS", "2", 1), 0);
+  EXPECT_EQ(ThreadPool(0).size(), 2);
+  for (const char* bad : {"0", "-3", "abc", "4x", "5000", "99999"}) {
+    ASSERT_EQ(setenv("WNA16_CPU_THREADS", bad, 1), 0);
+    try {
+      ThreadPool pool(0);
+      ADD_FAILURE() << "WNA16_CPU_THREADS=" << bad << " accepted (" << pool.size() << " threads)";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("WNA16_CPU_THREADS=") + bad), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(ThreadPool(3).size(), 3);  // an explicit size ignores the variable
+  if (saved) setenv("WNA16_CPU_THREADS", keep.c_str(), 1);
+  else unsetenv("WNA16_CPU_THREADS");
 }
 
 }  // namespace

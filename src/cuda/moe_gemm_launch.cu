@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -197,6 +199,24 @@ std::pair<int, int> decode_kw_pins() {
   }();
   return pins;
 }
+// WNA16_TRACE_GEMM=1: every distinct launch shape once, on stderr (which config, split and decode
+// work shape the host chose), for reading A/B results against the model.
+void trace_launch(const DeviceGemm& w, const GemmRun& r, const gemm::KParams& kp) {
+  static const bool on = [] {
+    const char* v = std::getenv("WNA16_TRACE_GEMM");
+    return v && *v && *v != '0';
+  }();
+  if (!on) return;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "[wna16 gemm] %s K=%lld N=%lld E=%lld slots=%lld config=%s splits=%d kc_per_split=%d kw=%d pairs/warp=%d\n",
+                r.epilogue == GemmEpilogue::SiluMul ? "GEMM1" : "GEMM2", (long long)w.K, (long long)w.N, (long long)w.E,
+                (long long)r.num_slots, kConfigs[r.config].name, kp.splits, kp.kc_per_split, kp.decode_kw, kp.decode_ppw);
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  if (seen.insert(line).second) std::fputs(line, stderr);
+}
 }  // namespace
 
 std::pair<int, int> parse_decode_kw_pin(const std::string& v) {
@@ -365,6 +385,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     kp.decode_ppw = c.ppw;
     kp.decode_kw = r.decode_kw != 0 ? r.decode_kw : c.shape.kw;
   }
+  trace_launch(w, r, kp);
   auto s = static_cast<cudaStream_t>(stream);
   if (w.bits == 4) gemm::launch_w4(&kp, r.config, r.act, upper, s);
   else gemm::launch_w8(&kp, r.config, r.act, upper, s);

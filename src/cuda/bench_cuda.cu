@@ -15,6 +15,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <unistd.h>  // environ
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -736,6 +738,20 @@ std::string git_commit() {
   return out.empty() ? "unknown" : out;
 }
 
+// The WNA16_* variables of this process but WNA16_GIT_COMMIT (the A/B switches a table was
+// measured with), sorted; "none" if none.
+std::string ab_switches() {
+  std::vector<std::string> set;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string v = *e;
+    if (v.rfind("WNA16_", 0) == 0 && v.rfind("WNA16_GIT_COMMIT=", 0) != 0) set.push_back(v);
+  }
+  std::sort(set.begin(), set.end());
+  std::string s;
+  for (const auto& v : set) s += (s.empty() ? "" : " ") + v;
+  return s.empty() ? "none" : s;
+}
+
 std::string join(const std::vector<std::string>& v, const char* sep) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
@@ -763,6 +779,7 @@ int run(const BenchOptions& opts) {
   Report rep;
   rep.date = utc_now();
   rep.commit = git_commit();
+  rep.switches = ab_switches();
   rep.scheme = opts.scheme.describe();
   rep.act = dtype_name(opts.act);
   {

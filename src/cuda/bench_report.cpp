@@ -90,8 +90,8 @@ Derived derive(const CaseResult& c, const Ceilings& ceil) {
 }
 
 void print_table(const Report& r) {
-  std::printf("\nwna16 CUDA benchmark: %s, %s activations | %s | %s | commit %s\n", r.scheme.c_str(), r.act.c_str(),
-              r.ceil.gpu.c_str(), r.date.c_str(), r.commit.c_str());
+  std::printf("\nwna16 CUDA benchmark: %s, %s activations | %s | %s | commit %s | switches: %s\n", r.scheme.c_str(),
+              r.act.c_str(), r.ceil.gpu.c_str(), r.date.c_str(), r.commit.c_str(), r.switches.c_str());
   std::printf("ceilings measured in this run: read stream %.0f GB/s (%.1f GB buffer), cuBLAS bf16 %d^3 %.0f TFLOP/s\n",
               r.ceil.read_gbs, double(r.ceil.read_buffer_bytes) / 1e9, r.ceil.gemm_n, r.ceil.gemm_tflops);
   std::printf("us: median per layer call (graph replays, cold L2); spread: p10..p90 in %% of the median;\n"
@@ -182,6 +182,7 @@ void write_json(const Report& r, const std::string& path) {
   if (!f) throw Error("bench: cannot write JSON to '" + path + "'");
   f << "{\n  \"tool\": \"wna16 bench --device cuda\",\n";
   f << "  \"date\": " << json_str(r.date) << ",\n  \"commit\": " << json_str(r.commit) << ",\n";
+  f << "  \"switches\": " << json_str(r.switches) << ",\n";
   f << "  \"command\": " << json_str(r.command) << ",\n  \"scheme\": " << json_str(r.scheme) << ",\n";
   f << "  \"activations\": " << json_str(r.act) << ",\n";
   f << "  \"gpu\": {\"name\": " << json_str(r.ceil.gpu) << ", \"sm_count\": " << r.ceil.sm_count

@@ -65,6 +65,7 @@ struct AlignRow {
 
 struct Report {
   std::string date, commit, command, scheme, act;
+  std::string switches;  // the WNA16_* variables set for the run (A/B switches), "none" if none
   std::string cublas_baseline_desc;
   Ceilings ceil;
   std::vector<PresetInfo> presets;

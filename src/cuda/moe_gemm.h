@@ -46,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "wna16/half.h"
@@ -149,6 +150,14 @@ int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t
 // The A/B switch WNA16_DECODE_4TILES (read once): "0" kDecodePairs, "1" kDecode4Tiles, unset (or
 // "auto") kDecodeTilesAuto (measured fastest, docs/perf.md). The layer's GemmRun::decode_4tiles.
 int decode_4tiles_default();
+// Expected m-blocks of bm tokens when M tokens each pick topk distinct experts of E uniformly:
+// E * E[ceil(n / bm)], n ~ Binomial(M, topk / E). Used by the decode work model where
+// WNA16_DECODE_MBLOCKS=exact (an A/B switch). Throws Error naming the value for any argument < 1.
+double expected_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm);
+// The A/B switch WNA16_DECODE_KW (the decode kernel's in-block K split), parsed: "" -> {0, 0} (the
+// model chooses); "K" -> {K, K}; "K1,K2" -> {GEMM1's, GEMM2's}; each 0 (the model), 1, 2 or 4.
+// Throws Error naming the value otherwise.
+std::pair<int, int> parse_decode_kw_pin(const std::string& v);
 
 // Sets the kernels' shared-memory limits and reads their occupancy (no launch); launch_moe_gemm
 // does it on first use otherwise. Call before capturing a graph.

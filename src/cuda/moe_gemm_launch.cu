@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -95,11 +97,43 @@ int resident_blocks(int bits, int config, DType act) {
   return bps * gemm::device_info().sms;
 }
 
+double expected_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm) {
+  if (M < 1 || topk < 1 || E < 1 || bm < 1)
+    throw Error("expected_mblocks: M=" + std::to_string(M) + " topk=" + std::to_string(topk) + " E=" +
+                std::to_string(E) + " bm=" + std::to_string(bm) + " must all be >= 1");
+  const double p = std::min(1.0, double(topk) / double(E));
+  if (p >= 1.0) return double(E) * double((M + bm - 1) / bm);
+  // sum over n of P(n) ceil(n / bm), over mean +- 12 standard deviations (the rest is < 1e-30).
+  const double mean = double(M) * p, sd = std::sqrt(double(M) * p * (1.0 - p));
+  const int64_t lo = std::max<int64_t>(0, int64_t(mean - 12.0 * sd) - 1);
+  const int64_t hi = std::min<int64_t>(M, int64_t(mean + 12.0 * sd) + 2);
+  const double lgm = std::lgamma(double(M) + 1.0), lp = std::log(p), lq = std::log1p(-p);
+  double blocks = 0.0;
+  for (int64_t n = lo; n <= hi; ++n) {
+    const double lpmf = lgm - std::lgamma(double(n) + 1.0) - std::lgamma(double(M - n) + 1.0) + double(n) * lp +
+                        double(M - n) * lq;
+    blocks += std::exp(lpmf) * double((n + bm - 1) / bm);
+  }
+  return double(E) * blocks;
+}
+
 namespace {
-// The m-blocks the align step is expected to produce (one per distinct expert under uniform
-// routing, plus the blocks their extra tokens fill); the real count is only known on the device.
+// The m-blocks the align step is expected to produce; the real count is only known on the device.
+// Default: one per distinct expert under uniform routing, plus (slots - active) / bm (this counts
+// blocks beyond the first from the first slot on, so it over-counts when experts get fewer than
+// bm tokens: Mixtral M=16, 4 per expert, 11 for 8). WNA16_DECODE_MBLOCKS=exact (A/B switch, not yet
+// measured): the expectation of sum over experts of ceil(tokens / bm), expected_mblocks().
 int64_t estimate_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm) {
+  static const bool exact = [] {
+    const char* v = std::getenv("WNA16_DECODE_MBLOCKS");
+    const std::string t = v ? v : "";
+    if (!t.empty() && t != "exact" && t != "spill")
+      throw Error("WNA16_DECODE_MBLOCKS=" + t + " is not exact or spill");
+    return t == "exact";
+  }();
   const int64_t slots = M * topk;
+  if (exact && M >= 1 && topk >= 1 && E >= 1)
+    return std::max<int64_t>(1, std::llround(expected_mblocks(M, topk, E, bm)));
   const double p = std::min(1.0, double(topk) / double(std::max<int64_t>(1, E)));
   const int64_t active = int64_t(std::ceil(double(E) * (1.0 - std::pow(1.0 - p, double(M)))));
   const int64_t spill = std::max<int64_t>(0, slots - active) / bm;  // blocks beyond one per active expert
@@ -118,13 +152,18 @@ struct DecodeShape {
   int kw = 1;
   double cost = 0;
 };
+// only_kw != 0: that in-block K split only (the A/B switch WNA16_DECODE_KW).
 DecodeShape best_decode_kw(int64_t mblocks, int64_t pairs, int64_t splits, int64_t kc_per_split, int64_t resident,
-                           int ppw) {
+                           int ppw, int only_kw) {
   DecodeShape best{1, 1e300};
   const int64_t units = (pairs + ppw - 1) / ppw;
   const double chunk = ppw == 2 ? kDecode4TileChunkCost : 1.0;
   for (int kw : {1, 2, 4}) {
-    if (kw > 1 && kc_per_split < 4 * kw) break;  // keep >= 4 chunks per warp
+    if (only_kw != 0) {
+      if (kw != only_kw) continue;
+    } else if (kw > 1 && kc_per_split < 4 * kw) {
+      break;  // keep >= 4 chunks per warp
+    }
     const int64_t units_per_block = gemm::kDecodeWarps / kw;
     const int64_t blocks = mblocks * ((units + units_per_block - 1) / units_per_block) * splits;
     const int64_t rounds = (blocks + resident - 1) / resident;
@@ -144,15 +183,53 @@ struct DecodeChoice {
   int ppw = 1;
 };
 DecodeChoice best_decode_shape(int64_t mblocks, int64_t pairs, int64_t splits, int64_t kc_per_split, int64_t resident,
-                               std::pair<int, int> ppw_range) {
+                               std::pair<int, int> ppw_range, int only_kw) {
   DecodeChoice best{{1, 1e300}, 1};
   for (int ppw = ppw_range.first; ppw <= ppw_range.second; ++ppw) {
-    const DecodeShape s = best_decode_kw(mblocks, pairs, splits, kc_per_split, resident, ppw);
+    const DecodeShape s = best_decode_kw(mblocks, pairs, splits, kc_per_split, resident, ppw, only_kw);
     if (s.cost < best.shape.cost * (1 - 1e-9)) best = {s, ppw};
   }
   return best;
 }
+// The A/B switch WNA16_DECODE_KW (read once): {GEMM1's pin, GEMM2's pin}, 0 = the model's choice.
+std::pair<int, int> decode_kw_pins() {
+  static const std::pair<int, int> pins = [] {
+    const char* v = std::getenv("WNA16_DECODE_KW");
+    return parse_decode_kw_pin(v ? v : "");
+  }();
+  return pins;
+}
+// WNA16_TRACE_GEMM=1: every distinct launch shape once, on stderr (which config, split and decode
+// work shape the host chose), for reading A/B results against the model.
+void trace_launch(const DeviceGemm& w, const GemmRun& r, const gemm::KParams& kp) {
+  static const bool on = [] {
+    const char* v = std::getenv("WNA16_TRACE_GEMM");
+    return v && *v && *v != '0';
+  }();
+  if (!on) return;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "[wna16 gemm] %s K=%lld N=%lld E=%lld slots=%lld config=%s splits=%d kc_per_split=%d kw=%d pairs/warp=%d\n",
+                r.epilogue == GemmEpilogue::SiluMul ? "GEMM1" : "GEMM2", (long long)w.K, (long long)w.N, (long long)w.E,
+                (long long)r.num_slots, kConfigs[r.config].name, kp.splits, kp.kc_per_split, kp.decode_kw, kp.decode_ppw);
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  if (seen.insert(line).second) std::fputs(line, stderr);
+}
 }  // namespace
+
+std::pair<int, int> parse_decode_kw_pin(const std::string& v) {
+  auto one = [&](const std::string& t) {
+    if (t != "0" && t != "1" && t != "2" && t != "4")
+      throw Error("WNA16_DECODE_KW=" + v + ": '" + t + "' is not 0 (the model's choice), 1, 2 or 4");
+    return std::stoi(t);
+  };
+  if (v.empty()) return {0, 0};
+  const size_t comma = v.find(',');
+  if (comma == std::string::npos) return {one(v), one(v)};
+  return {one(v.substr(0, comma)), one(v.substr(comma + 1))};
+}
 
 int decode_4tiles_default() {
   static const int mode = [] {
@@ -182,7 +259,9 @@ int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t
     for (int64_t sp = 1; sp <= 8 && (sp == 1 || kc / sp >= 8); ++sp) {
       const int64_t per = (kc + sp - 1) / sp;
       const double cost =
-          best_decode_shape(est_mblocks, w.NT / 2, sp, per, resident, decode_ppw_range(w, decode_4tiles)).shape.cost;
+          best_decode_shape(est_mblocks, w.NT / 2, sp, per, resident, decode_ppw_range(w, decode_4tiles),
+                            decode_kw_pins().second)
+              .shape.cost;
       if (cost < best_cost * (1 - 1e-9)) best_cost = cost, best = int(sp);
     }
     return best;
@@ -299,11 +378,14 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
       throw Error("decode_4tiles=" + std::to_string(r.decode_4tiles) + " is not 0, 1 or 2");
     const int64_t mblocks = r.mb_count >= 0 ? r.mb_count
                                             : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
+    const int only_kw = r.epilogue == GemmEpilogue::SiluMul ? decode_kw_pins().first : decode_kw_pins().second;
     const DecodeChoice c = best_decode_shape(mblocks, w.NT / 2, kp.splits, kp.kc_per_split,
-                                             resident_blocks(w.bits, r.config, r.act), decode_ppw_range(w, r.decode_4tiles));
+                                             resident_blocks(w.bits, r.config, r.act), decode_ppw_range(w, r.decode_4tiles),
+                                             only_kw);
     kp.decode_ppw = c.ppw;
     kp.decode_kw = r.decode_kw != 0 ? r.decode_kw : c.shape.kw;
   }
+  trace_launch(w, r, kp);
   auto s = static_cast<cudaStream_t>(stream);
   if (w.bits == 4) gemm::launch_w4(&kp, r.config, r.act, upper, s);
   else gemm::launch_w8(&kp, r.config, r.act, upper, s);

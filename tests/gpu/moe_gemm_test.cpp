@@ -5,6 +5,7 @@
 #include "gpu/gpu_test_util.h"
 
 #ifdef WNA16_HAVE_CUDA
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -389,6 +390,58 @@ TEST(MoeGemm, ChoosesDecodeUpTo40TokensPerExpert) {
   EXPECT_EQ(choose_gemm_config(1024, 8, 256, false), m8);  // DeepSeek-V3: 32 per expert
   EXPECT_EQ(choose_gemm_config(64, 2, 8, true), m32);
   EXPECT_NE(choose_gemm_config(256, 2, 8, false), m8);   // Mixtral: 64 per expert
+}
+
+// The expected m-block count of the decode work model (host-only): exact small cases, a Monte
+// Carlo estimate of uniform top-k routing, and refusal of sizes below 1.
+TEST(MoeGemm, ExpectedMblocksMatchesSampling) {
+  EXPECT_NEAR(expected_mblocks(1, 2, 8, 8), 2.0, 1e-9);      // one token: topk blocks
+  EXPECT_NEAR(expected_mblocks(16, 8, 8, 8), 16.0, 1e-9);    // every expert gets all 16 tokens
+  EXPECT_NEAR(expected_mblocks(5, 1, 1, 8), 1.0, 1e-9);
+  std::mt19937_64 rng(5);
+  struct C { int64_t M, k, E, bm; };
+  for (const C c : {C{16, 2, 8, 8}, C{64, 9, 257, 8}, C{200, 8, 128, 8}, C{1000, 6, 64, 32}}) {
+    double sum = 0;
+    const int trials = 400;
+    for (int t = 0; t < trials; ++t) {
+      std::vector<int64_t> n(size_t(c.E), 0);
+      for (int64_t m = 0; m < c.M; ++m) {
+        std::vector<int64_t> pick;
+        while (int64_t(pick.size()) < c.k) {
+          const int64_t e = int64_t(rng() % uint64_t(c.E));
+          if (std::find(pick.begin(), pick.end(), e) == pick.end()) pick.push_back(e);
+        }
+        for (int64_t e : pick) ++n[size_t(e)];
+      }
+      for (int64_t v : n) sum += double((v + c.bm - 1) / c.bm);
+    }
+    const double sampled = sum / trials, model = expected_mblocks(c.M, c.k, c.E, c.bm);
+    EXPECT_NEAR(model, sampled, 0.02 * sampled + 0.5) << "M=" << c.M << " topk=" << c.k << " E=" << c.E;
+  }
+  EXPECT_THROW(expected_mblocks(0, 2, 8, 8), Error);
+  try {
+    expected_mblocks(4, 2, 8, 0);
+    ADD_FAILURE() << "bm=0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bm=0"), std::string::npos) << e.what();
+  }
+}
+
+// The WNA16_DECODE_KW switch's parser (host-only): one pin for both GEMMs or one each; anything
+// else is refused naming the value.
+TEST(MoeGemm, DecodeKwPinParses) {
+  EXPECT_EQ(parse_decode_kw_pin(""), std::make_pair(0, 0));
+  EXPECT_EQ(parse_decode_kw_pin("4"), std::make_pair(4, 4));
+  EXPECT_EQ(parse_decode_kw_pin("4,0"), std::make_pair(4, 0));
+  EXPECT_EQ(parse_decode_kw_pin("1,2"), std::make_pair(1, 2));
+  for (const char* bad : {"3", "4,", ",2", "x", "4,2,1", "8,1"}) {
+    try {
+      parse_decode_kw_pin(bad);
+      ADD_FAILURE() << "WNA16_DECODE_KW=" << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("WNA16_DECODE_KW=") + bad), std::string::npos) << e.what();
+    }
+  }
 }
 
 // The staged and prefill kernels index x with 32-bit element offsets: a GEMM whose x would not fit

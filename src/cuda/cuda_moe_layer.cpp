@@ -89,7 +89,7 @@ void stage_done(const char* what, cudaStream_t st) {
 
 struct Workspace {
   int64_t logits = 0, gate = 0, ids = 0, w = 0, ids2 = 0, w2 = 0, sorted = 0, eids = 0, ntpp = 0, inter = 0,
-          acc = 0, total = 0;
+          acc = 0, xperm = 0, total = 0;
   int64_t max_padded = 0, max_blocks = 0;
 };
 
@@ -127,6 +127,8 @@ struct CudaMoeLayer::Impl {
     ws.ntpp = take(4);
     ws.inter = take(ws.max_padded * I * 2);
     ws.acc = take(M * H * 4);
+    // The k-permuted copy of x for the prefill kernel (config m128w, 128-token m-blocks only).
+    ws.xperm = block_m >= 128 ? take(M * H * 2) : off;
     ws.total = off;
     return ws;
   }
@@ -506,6 +508,17 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   GemmRun r = d.align_driven_run(act, config, M, ws, L);
 
   d.set_gemm1(r, x, ws, L);
+  // Prefill (m128w): x and the intermediate travel k-permuted, so the kernel copies token rows
+  // with one 16-byte copy instead of four 4-byte ones; the price is one more pass over x
+  // (launch_kperm_rows). A/B switch: WNA16_NO_PREFILL_KPERM=1.
+  static const bool no_kperm = std::getenv("WNA16_NO_PREFILL_KPERM") != nullptr;
+  const bool kperm = !no_kperm && gemm_config_takes_kperm(config);
+  if (kperm) {
+    launch_kperm_rows(x, ws + L.xperm, M, d.H, st);
+    stage_done("k-permuted x", st);
+    r.x = ws + L.xperm;
+    r.x_kperm = r.out_kperm = true;
+  }
   // A programmatic dependent of the align step that waits for it first: its launch and start
   // overlap the align step's tail. A/B switch: WNA16_NO_GEMM1_PDL=1 (a plain launch).
   static const bool no_gemm1_pdl = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
@@ -514,6 +527,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   stage_done("GEMM1 (gate/up)", st);
 
   r.wait_first = false;
+  r.out_kperm = false;  // GEMM2 writes the fp32 accumulator; its input (the intermediate) is k-permuted with kperm
   d.set_gemm2(r, acc, w2, ws, L);
   r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);
   r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail

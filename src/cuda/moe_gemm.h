@@ -135,10 +135,27 @@ struct GemmRun {
   // expert_ids, num_tokens_post_padded): wait for it before anything; only the launch latency and
   // the blocks' start overlap it.
   bool wait_first = false;
+  // Config m128w only (refused elsewhere): x's K axis is stored k-permuted (kperm_pos), so the
+  // prefill kernel copies token rows with 16-byte copies instead of 4-byte ones; out_kperm: GEMM1
+  // (SiluMul) writes its output k-permuted (the input of an m128w GEMM2). x must then be 16-byte
+  // aligned with x_stride a multiple of 8.
+  bool x_kperm = false;
+  bool out_kperm = false;
 };
+
+// The prefill kernel's k-permuted activation layout: inside each 64-element chunk of a row, the
+// 32 element pairs are stored as an 8 x 4 transpose (real pair 8w + u at pair position 4u + w),
+// the order in which its wgmma B operand wants the packed weights' k (the A fragment above).
+// Element k of a row sits at kperm_pos(k).
+constexpr int64_t kperm_pos(int64_t k) {
+  const int64_t rp = (k & 63) >> 1;
+  return (k & ~int64_t(63)) + 2 * (4 * (rp & 7) + (rp >> 3)) + (k & 1);
+}
 
 int gemm_config_count();
 int gemm_config_block_m(int config);
+// Whether the config's kernel takes k-permuted activations (GemmRun::x_kperm / out_kperm): m128w.
+bool gemm_config_takes_kperm(int config);
 const char* gemm_config_name(int config);
 // The tile config for M tokens routed to E experts with topk slots each; act_order: the GEMM
 // gathers x through a perm (some configs have no gather and are never chosen then).

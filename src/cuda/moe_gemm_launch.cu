@@ -59,6 +59,7 @@ int gemm_config_block_m(int config) {
   if (config < 0 || config >= kNumConfigs) throw Error("GEMM config " + std::to_string(config) + " does not exist");
   return kConfigs[config].block_m;
 }
+bool gemm_config_takes_kperm(int config) { return config == kConfigM128W; }
 const char* gemm_config_name(int config) { return kConfigs[std::clamp(config, 0, kNumConfigs - 1)].name; }
 
 int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order) {
@@ -287,6 +288,14 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   if (r.config < 0 || r.config >= kNumConfigs) throw Error("GEMM config " + std::to_string(r.config) + " does not exist");
   if (r.config == kConfigM128W && (w.perm || w.perm_up))
     throw Error(std::string("GEMM config ") + kConfigs[r.config].name + " has no act-order gather (perm): use config m64");
+  if ((r.x_kperm || r.out_kperm) && r.config != kConfigM128W)
+    throw Error(std::string("GEMM config ") + kConfigs[r.config].name +
+                " reads and writes activations in natural k order: x_kperm / out_kperm are for m128w only");
+  if (r.out_kperm && (r.epilogue != GemmEpilogue::SiluMul || (w.N / 2) % 64 != 0))
+    throw Error("out_kperm needs the SiluMul epilogue and an output width (N/2 = " + std::to_string(w.N / 2) +
+                ") that is a multiple of 64");
+  if (r.x_kperm && (reinterpret_cast<uintptr_t>(r.x) % 16 != 0 || r.x_stride % 8 != 0))
+    throw Error("x_kperm needs x 16-byte aligned and x_stride (" + std::to_string(r.x_stride) + ") a multiple of 8");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
     throw Error("gate/up GEMM N=" + std::to_string(w.N) + " (2*I) is not a multiple of 32");
   if (r.epilogue == GemmEpilogue::SiluMul && r.splits != 1)
@@ -339,6 +348,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.kc_per_split = int((kp.KC + r.splits - 1) / r.splits);
   kp.splits = (kp.KC + kp.kc_per_split - 1) / kp.kc_per_split;  // no empty split
   kp.epilogue = r.epilogue == GemmEpilogue::SiluMul ? 0 : 1;
+  kp.x_kperm = r.x_kperm ? 1 : 0;
+  kp.out_kperm = r.out_kperm ? 1 : 0;
   // A/B switches for measurements (results are the same either way).
   static const bool no_defer = std::getenv("WNA16_NO_DEFER") != nullptr;
   kp.defer_ok = !no_defer && w.group_len % PackedGemm::kChunkK == 0 && !(w.bits == 8 && r.act == DType::BF16);

@@ -399,6 +399,38 @@ __global__ void append_shared_kernel(const int32_t* __restrict__ ids, const floa
   }
 }
 
+// One thread per (row, 64-element chunk). kVec: 16-byte loads and stores of the chunk's 32 pairs
+// (word 8w + u goes to word 4u + w); else element by element (x with only 2-byte alignment).
+template <bool kVec>
+__global__ void kperm_rows_kernel(const uint16_t* __restrict__ x, uint16_t* __restrict__ y, int64_t n_chunks,
+                                  int64_t chunks_per_row) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_chunks; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint16_t* src = x + i * 64;
+    uint16_t* dst = y + i * 64;
+    if constexpr (kVec) {
+      uint32_t a[32], b[32];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(src) + q);
+        a[4 * q] = v.x, a[4 * q + 1] = v.y, a[4 * q + 2] = v.z, a[4 * q + 3] = v.w;
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) b[4 * u + w] = a[8 * w + u];
+#pragma unroll
+      for (int q = 0; q < 8; ++q)
+        reinterpret_cast<uint4*>(dst)[q] = make_uint4(b[4 * q], b[4 * q + 1], b[4 * q + 2], b[4 * q + 3]);
+    } else {
+      for (int k = 0; k < 64; ++k) {
+        const int rp = k >> 1;
+        dst[2 * (4 * (rp & 7) + (rp >> 3)) + (k & 1)] = src[k];
+      }
+    }
+  }
+  (void)chunks_per_row;
+}
+
 // A programmatic dependent of the layer's GEMM2: launched while GEMM2 still runs, it waits
 // (griddepcontrol.wait: GEMM2's completion and memory flush) before its first global access. Every
 // thread waits, so the grid completes only after GEMM2 did.
@@ -574,6 +606,22 @@ void launch_append_shared(const int32_t* ids, const float* weights, const float*
   const int threads = 256;
   append_shared_kernel<<<grid_for(M * (k + S), threads), threads, 0, static_cast<cudaStream_t>(stream)>>>(
       ids, weights, gate_logit, M, k, S, E, ids2, weights2);
+  WNA16_CUDA_CHECK_LAUNCH();
+}
+
+void launch_kperm_rows(const void* x, void* y, int64_t M, int64_t H, Stream stream) {
+  if (H % 64 != 0) throw Error("kperm: H=" + std::to_string(H) + " is not a multiple of 64");
+  if (reinterpret_cast<uintptr_t>(y) % 16 != 0) throw Error("kperm: the output is not 16-byte aligned");
+  if (M <= 0) return;
+  const int64_t n_chunks = M * (H / 64);
+  const int threads = 256;
+  auto s = static_cast<cudaStream_t>(stream);
+  const auto* xs = static_cast<const uint16_t*>(x);
+  auto* ys = static_cast<uint16_t*>(y);
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0)
+    kperm_rows_kernel<true><<<grid_for(n_chunks, threads), threads, 0, s>>>(xs, ys, n_chunks, H / 64);
+  else
+    kperm_rows_kernel<false><<<grid_for(n_chunks, threads), threads, 0, s>>>(xs, ys, n_chunks, H / 64);
   WNA16_CUDA_CHECK_LAUNCH();
 }
 

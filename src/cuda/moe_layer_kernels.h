@@ -28,6 +28,11 @@ void launch_append_shared(const int32_t* ids, const float* weights, const float*
 void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias,
                                 const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream);
 
+// y = x with each row's K axis k-permuted for the prefill kernel (kperm_pos in moe_gemm.h: inside
+// each 64-element chunk the 32 element pairs as an 8 x 4 transpose). x, y: act [M, H], H a multiple
+// of 64, y 16-byte aligned; x may have any 2-byte alignment (16-byte aligned x takes 16-byte loads).
+void launch_kperm_rows(const void* x, void* y, int64_t M, int64_t H, Stream stream);
+
 // out[i] = act(acc[i]) for i < n (n a multiple of 4). Launched with programmatic dependent launch
 // after the layer's GEMM2: it waits (griddepcontrol.wait) for the previous kernel before reading acc.
 void launch_cast_out(const float* acc, void* out, DType act, int64_t n, Stream stream);

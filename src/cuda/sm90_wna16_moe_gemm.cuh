@@ -271,6 +271,8 @@ struct KParams {
                          // reading x; 2: waits before anything)
   int static_groups;     // decode kernel only: splits are whole groups, static-group variants allowed
   int decode_ppw;        // decode kernel only: tile pairs per warp (1; 2: the int4 4-tile variant)
+  int x_kperm;           // prefill kernel only: x k-permuted (kperm_pos): 16-byte token copies
+  int out_kperm;         // prefill kernel only, GEMM1: output written k-permuted
 };
 
 // A work item of the persistent loops (staged, decode and prefill kernels): (m-block, n-block,

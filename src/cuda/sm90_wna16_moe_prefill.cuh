@@ -155,24 +155,34 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
     const int meta_base = int(int64_t(expert) * p.meta_stride + int64_t(nb) * NTB * 8);
 
     // x element offset of this thread's 4 token rows (-1: padding), once per item: 32-bit (the
-    // launcher checks that x's rows fit), so they cost 4 registers, not 8.
+    // launcher checks that x's rows fit), so they cost 4 registers, not 8. The thread fills
+    // 16-byte unit xp8 of its rows: natural x: real pairs xp8 + 8c (c = 0..3, one 4-byte copy
+    // each); k-permuted x: those four pairs are already adjacent, at element 8 * xp8.
+    const int kperm = p.x_kperm;  // uniform
     int xo[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = 32 * i + xr0;
-      xo[i] = r < nvalid ? s_src[r] * int(p.x_stride) + 2 * xp8 : -1;
+      xo[i] = r < nvalid ? s_src[r] * int(p.x_stride) + (kperm ? 8 : 2) * xp8 : -1;
     }
     auto load_stage = [&](int kc, int st) {
       unsigned char* sb = smem + st * S::kStage;
-      // Tokens: pair (lane & 7) + 8c of each row; c rotates with the row (bank-conflict free).
+      if (kperm) {
+        // Tokens, k-permuted x: one 16-byte copy per row.
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if (xo[i] < 0) continue;
-        const T* src = x + (xo[i] + kc * 64);
+        for (int i = 0; i < 4; ++i)
+          if (xo[i] >= 0) cp_async16(sb + xsoff + i * 4096, x + (xo[i] + kc * 64));
+      } else {
+        // Tokens: pair (lane & 7) + 8c of each row; c rotates with the row (bank-conflict free).
 #pragma unroll
-        for (int cc = 0; cc < 4; ++cc) {
-          const int c = (cc + (lane >> 3)) & 3;
-          cp_async4(sb + xsoff + i * 4096 + c * 4, src + 16 * c);
+        for (int i = 0; i < 4; ++i) {
+          if (xo[i] < 0) continue;
+          const T* src = x + (xo[i] + kc * 64);
+#pragma unroll
+          for (int cc = 0; cc < 4; ++cc) {
+            const int c = (cc + (lane >> 3)) & 3;
+            cp_async4(sb + xsoff + i * 4096 + c * 4, src + 16 * c);
+          }
         }
       }
       // Weights: for one k-chunk the block's tiles are contiguous in memory.
@@ -276,8 +286,10 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
     const int nact = (nvalid + 7) >> 3;  // 8-token column groups holding at least one token
     const int tile0 = nb * NTB + wg * 8 + 2 * wq;
     if (p.epilogue == 0) {
-      // Tiles (tile0, tile0 + 1) = gate, up of intermediate columns 16 * (tile0 / 2) + g (+8).
+      // Tiles (tile0, tile0 + 1) = gate, up of intermediate columns 16 * (tile0 / 2) + g (+8),
+      // stored at their k-permuted positions for an m128w GEMM2 (out_kperm).
       const int c_lo = (tile0 / 2) * 16 + g, c_hi = c_lo + 8;
+      const int o_lo = p.out_kperm ? int(kperm_pos(c_lo)) : c_lo, o_hi = p.out_kperm ? int(kperm_pos(c_hi)) : c_hi;
       if (c_lo < p.N / 2) {
 #pragma unroll
         for (int t = 0; t < 16; ++t) {
@@ -287,8 +299,8 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
             const int col = t * 8 + 2 * tig + e;
             if (s_slot[col] < 0) continue;
             char* row = static_cast<char*>(p.out) + (int64_t(mb) * BM + col) * p.out_stride * int64_t(sizeof(T));
-            Act<T>::store(row + c_lo * sizeof(T), silu(acc[0][4 * t + e]) * acc[1][4 * t + e]);
-            if (c_hi < p.N / 2) Act<T>::store(row + c_hi * sizeof(T), silu(acc[0][4 * t + 2 + e]) * acc[1][4 * t + 2 + e]);
+            Act<T>::store(row + o_lo * sizeof(T), silu(acc[0][4 * t + e]) * acc[1][4 * t + e]);
+            if (c_hi < p.N / 2) Act<T>::store(row + o_hi * sizeof(T), silu(acc[0][4 * t + 2 + e]) * acc[1][4 * t + 2 + e]);
           }
         }
       }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/moe_gemm.h"
+#include "cuda/moe_layer_kernels.h"
 #include "wna16/error.h"
 #include "wna16/backend.h"
 #include "wna16/half.h"
@@ -89,12 +90,14 @@ struct GemmCase {
   int splits = 0;     // GEMM2 split-K; 0: choose_splits
   bool diag = false;  // print the first mismatching (position, column) entries and a histogram
   bool tiles4 = false;  // decode kernel: the 4-tile variant (two tile pairs per warp; int4 only)
+  bool kperm = false;   // m128w: x and the intermediate k-permuted (GemmRun::x_kperm / out_kperm)
 };
 
 std::string describe(const GemmCase& c) {
   return "int" + std::to_string(c.bits) + " " + dtype_name(c.act) + " group " + std::to_string(c.gl) +
          (c.zeros ? " asym" : " sym") + " config " + gemm_config_name(c.config) + " M=" + std::to_string(c.M) +
-         " kw=" + std::to_string(c.decode_kw) + " splits=" + std::to_string(c.splits) + (c.tiles4 ? " 4-tile" : "");
+         " kw=" + std::to_string(c.decode_kw) + " splits=" + std::to_string(c.splits) + (c.tiles4 ? " 4-tile" : "") +
+         (c.kperm ? " k-permuted" : "");
 }
 
 // Routes M tokens to `topk` distinct experts among the first E-2 (the last two get nothing).
@@ -175,7 +178,12 @@ void run_gemm_case(const GemmCase& c) {
   d_q2.put(g2.pg.qweight), d_s2.put(g2.pg.scales), d_z2.put(g2.pg.zeros);
   DeviceArray d_x(x.size() * 2), d_sorted(al.sorted_token_ids.size() * 4), d_eids(al.expert_ids.size() * 4),
       d_ntpp(4), d_tw(tw.size() * 4);
-  d_x.put(x), d_sorted.put(al.sorted_token_ids), d_eids.put(al.expert_ids), d_tw.put(tw);
+  // pos(k): where element k of a row is stored (k-permuted for the kperm cases).
+  auto pos_of = [&](int64_t k) { return c.kperm ? kperm_pos(k) : k; };
+  std::vector<uint16_t> x_dev(x.size());
+  for (int64_t t = 0; t < M; ++t)
+    for (int64_t k = 0; k < H; ++k) x_dev[size_t(t * H + pos_of(k))] = x[size_t(t * H + k)];
+  d_x.put(x_dev), d_sorted.put(al.sorted_token_ids), d_eids.put(al.expert_ids), d_tw.put(tw);
   d_ntpp.put(std::vector<int32_t>{al.num_tokens_post_padded});
   const int64_t max_padded = int64_t(al.sorted_token_ids.size());
   DeviceArray d_inter(size_t(max_padded * I * 2)), d_out(size_t(M * H * 4));
@@ -211,6 +219,7 @@ void run_gemm_case(const GemmCase& c) {
   r.x = d_x.p;
   r.x_stride = H;
   r.out = d_inter.p;
+  r.x_kperm = r.out_kperm = c.kperm;
   launch_moe_gemm(dev(g1, d_q1, d_s1, d_z1), r, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
 
@@ -232,10 +241,10 @@ void run_gemm_case(const GemmCase& c) {
         usum += xv * g1.W[size_t((e * H + k) * 2 * I + nu)];
       }
       ref1.push_back(gsum / (1.0 + std::exp(-gsum)) * usum);
-      const uint16_t h = inter[size_t(pos * I + cidx)];
+      const uint16_t h = inter[size_t(pos * I + pos_of(cidx))];
       got1.push_back(from_act(c.act, h));
       if (c.diag) at1.push_back({pos, t, e, cidx});
-      inter_in[size_t(pos * I + cidx)] = h;
+      inter_in[size_t(pos * I + pos_of(cidx))] = h;
     }
   }
   ASSERT_FALSE(ref1.empty());
@@ -248,6 +257,7 @@ void run_gemm_case(const GemmCase& c) {
   // GEMM2 on the GPU's intermediate: out[t] = sum over its slots of weight * inter[pos] . W_down.
   d_inter.put(inter_in);
   r.epilogue = GemmEpilogue::WeightedSum;
+  r.out_kperm = false;  // GEMM2 reads the k-permuted intermediate (x_kperm stays)
   r.x = d_inter.p;
   r.x_stride = I;
   r.out = d_out.p;
@@ -265,7 +275,7 @@ void run_gemm_case(const GemmCase& c) {
     for (int64_t n = 0; n < H; ++n) {
       double s = 0;
       for (int64_t k = 0; k < I; ++k)
-        s += double(from_act(c.act, inter_in[size_t(pos * I + k)])) * g2.W[size_t((e * I + k) * H + n)];
+        s += double(from_act(c.act, inter_in[size_t(pos * I + pos_of(k))])) * g2.W[size_t((e * I + k) * H + n)];
       ref2[size_t(t * H + n)] += double(tw[size_t(slot)]) * s;
     }
   }
@@ -332,15 +342,17 @@ TEST(MoeGemm, PrefillWgmmaDiagnostics) {
       {4, DType::BF16, 64, false, 300}, {4, DType::F16, 32, true, 190}, {8, DType::BF16, 128, true, 97},
       {8, DType::F16, 0, false, 257},   {4, DType::BF16, 0, true, 9},
   };
-  for (const auto& k : cases) {
-    GemmCase c{k.bits, k.act, k.gl, k.zeros, config, k.M};
-    c.diag = true;
-    std::printf("[ prefill ] %s\n", describe(c).c_str());
-    run_gemm_case(c);
-    c.splits = 3;  // split-K of GEMM2 (atomics of partial sums)
-    std::printf("[ prefill ] %s\n", describe(c).c_str());
-    run_gemm_case(c);
-  }
+  for (const auto& k : cases)
+    for (bool kperm : {false, true}) {  // natural x (4-byte token copies) and k-permuted x (16-byte)
+      GemmCase c{k.bits, k.act, k.gl, k.zeros, config, k.M};
+      c.diag = true;
+      c.kperm = kperm;
+      std::printf("[ prefill ] %s\n", describe(c).c_str());
+      run_gemm_case(c);
+      c.splits = 3;  // split-K of GEMM2 (atomics of partial sums)
+      std::printf("[ prefill ] %s\n", describe(c).c_str());
+      run_gemm_case(c);
+    }
 }
 
 // Host-side only (runs without a GPU too): no CUDA call happens before the refusal.
@@ -425,6 +437,78 @@ TEST(MoeGemm, ExpectedMblocksMatchesSampling) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bm=0"), std::string::npos) << e.what();
   }
+}
+
+// The k-permuted activation layout (host-only): a bijection inside each 64-element chunk that keeps
+// element pairs together and stores real pair 8w + u at pair position 4u + w; and the launcher
+// refuses it outside m128w, on a misaligned x, or on a GEMM2 output.
+TEST(MoeGemm, KpermLayoutAndRefusals) {
+  std::vector<int> seen(128, 0);
+  for (int64_t k = 0; k < 128; ++k) {
+    const int64_t p = kperm_pos(k);
+    ASSERT_EQ(p / 64, k / 64) << "k=" << k << " left its chunk";
+    ++seen[size_t(p)];
+    const int64_t rp = (k % 64) / 2, u = rp % 8, w = rp / 8;
+    EXPECT_EQ(p % 64, 2 * (4 * u + w) + k % 2) << "k=" << k;
+  }
+  for (int v : seen) EXPECT_EQ(v, 1);
+  int dummy[8] = {};
+  const DeviceGemm d = tiny_host_gemm(dummy);
+  GemmRun r;
+  r.epilogue = GemmEpilogue::SiluMul;
+  r.x = dummy;
+  r.out = dummy;
+  r.sorted_ids = dummy;
+  r.expert_ids = dummy;
+  r.num_tokens_post_padded = dummy;
+  r.topk = 1;
+  r.num_slots = 1;
+  r.x_stride = 64;
+  r.x_kperm = true;
+  auto refusal = [&](const GemmRun& run) {
+    try {
+      launch_moe_gemm(d, run, nullptr);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<accepted>");
+  };
+  r.config = config_named("m64");
+  EXPECT_NE(refusal(r).find("m128w only"), std::string::npos) << refusal(r);
+  r.config = config_named("m128w");
+  r.x = reinterpret_cast<const char*>(dummy) + 2;
+  EXPECT_NE(refusal(r).find("16-byte aligned"), std::string::npos) << refusal(r);
+  r.x = dummy;
+  r.x_stride = 60;
+  EXPECT_NE(refusal(r).find("x_stride (60)"), std::string::npos) << refusal(r);
+  r.x_stride = 64;
+  r.x_kperm = false;
+  r.out_kperm = true;
+  r.epilogue = GemmEpilogue::WeightedSum;
+  EXPECT_NE(refusal(r).find("out_kperm needs the SiluMul epilogue"), std::string::npos) << refusal(r);
+}
+
+// launch_kperm_rows against kperm_pos, for a 16-byte aligned x (vector path) and a 2-byte aligned
+// one (element path), on poisoned outputs.
+TEST(MoeGemm, KpermRowsKernel) {
+  WNA16_REQUIRE_GPU();
+  const int64_t M = 37, H = 448;
+  std::vector<uint16_t> x(size_t(M * H + 8));
+  std::mt19937_64 rng(3);
+  for (auto& v : x) v = uint16_t(rng());
+  DeviceArray dx(x.size() * 2), dy(size_t(M * H) * 2);
+  dx.put(x);
+  for (int64_t shift : {0, 1}) {  // elements: x + 1 is 2-byte aligned only
+    CUDA_OK(cudaMemset(dy.p, 0xA5, size_t(M * H) * 2));
+    cuda::launch_kperm_rows(static_cast<const uint16_t*>(dx.p) + shift, dy.p, M, H, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> y = dy.get<uint16_t>(size_t(M * H));
+    int64_t bad = 0;
+    for (int64_t t = 0; t < M; ++t)
+      for (int64_t k = 0; k < H; ++k) bad += y[size_t(t * H + kperm_pos(k))] != x[size_t(t * H + k + shift)];
+    EXPECT_EQ(bad, 0) << "shift " << shift;
+  }
+  EXPECT_THROW(cuda::launch_kperm_rows(dx.p, dy.p, M, 100, nullptr), Error);
 }
 
 // The WNA16_DECODE_KW switch's parser (host-only): one pin for both GEMMs or one each; anything

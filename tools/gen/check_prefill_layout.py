@@ -45,3 +45,25 @@ for warp in range(8):
             banks.add(((xr0*128 + ((p8 ^ (xr0 & 7)) << 4) + c*4) // 4) % 32)
         assert len(banks) == 32
 print("writes conflict-free")
+
+# k-permuted x (GemmRun::x_kperm): x_perm holds element k of a row at kperm_pos(k) (moe_gemm.h);
+# thread (warp, lane) copies bytes [16*p8, +16) of each of its rows' 128-byte chunk into unit p8 of
+# the row (swizzled). The token tile must hold exactly what the 4-byte writer above puts there.
+def kperm_pos(k):
+    rp = (k & 63) >> 1
+    return (k & ~63) + 2*(4*(rp & 7) + (rp >> 3)) + (k & 1)
+inv = {kperm_pos(k): k for k in range(64)}
+assert sorted(inv) == list(range(64))
+store2 = {}
+for warp in range(8):
+    for lane in range(32):
+        for i in range(4):
+            row = 32*i + 4*warp + (lane >> 3); p8 = lane & 7
+            xr0 = 4*warp + (lane >> 3)
+            xsoff = xr0*128 + ((p8 ^ (xr0 & 7)) << 4)
+            for b in range(0, 16, 2):          # the 8 elements of the 16-byte copy
+                gpos = 8*p8 + b // 2           # element position in the permuted chunk
+                assert xsoff + i*4096 + b not in store2
+                store2[xsoff + i*4096 + b] = (row, inv[gpos])
+print("k-permuted writer mismatches", sum(store2[a] != store[a] for a in store))
+assert store2 == store

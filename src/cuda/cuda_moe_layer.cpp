@@ -89,7 +89,7 @@ void stage_done(const char* what, cudaStream_t st) {
 
 struct Workspace {
   int64_t logits = 0, gate = 0, ids = 0, w = 0, ids2 = 0, w2 = 0, sorted = 0, eids = 0, ntpp = 0, inter = 0,
-          acc = 0, xperm = 0, total = 0;
+          acc = 0, handoff = 0, xperm = 0, total = 0;
   int64_t max_padded = 0, max_blocks = 0;
 };
 
@@ -127,6 +127,9 @@ struct CudaMoeLayer::Impl {
     ws.ntpp = take(4);
     ws.inter = take(ws.max_padded * I * 2);
     ws.acc = take(M * H * 4);
+    // The decode GEMMs' m-block handoff (GemmRun::mb_done): max_blocks counters, then the item
+    // counter; zeroed with the accumulator by the router launch (it directly follows acc).
+    ws.handoff = take((ws.max_blocks + 1) * 4);
     // The k-permuted copy of x for the prefill kernel (config m128w, 128-token m-blocks only).
     ws.xperm = block_m >= 128 ? take(M * H * 2) : off;
     ws.total = off;
@@ -459,8 +462,9 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
                                          int block_m, cudaStream_t st) const {
   auto* logits = reinterpret_cast<float*>(ws + L.logits);
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
+  const int64_t zero_n = (L.handoff - L.acc) / 4 + align_up(L.max_blocks + 1, 4);  // acc .. handoff
   launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate,
-                       reinterpret_cast<float*>(ws + L.acc), M * H, st);
+                       reinterpret_cast<float*>(ws + L.acc), zero_n, st);
   stage_done("router logits", st);
   // With shared slices the routing writes [M, k + S] straight into ids2 / w2 (no append kernel).
   auto* ids2 = reinterpret_cast<int32_t*>(ws + (S > 0 ? L.ids2 : L.ids));
@@ -523,6 +527,12 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   // overlap the align step's tail. A/B switch: WNA16_NO_GEMM1_PDL=1 (a plain launch).
   static const bool no_gemm1_pdl = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
   r.overlap_previous = r.wait_first = !no_gemm1_pdl;
+  // Both GEMMs on the decode kernel: GEMM2 starts on each m-block as soon as GEMM1 has stored it
+  // (GemmRun::mb_done), so it runs in the slots GEMM1's last partial round leaves idle. A/B switch:
+  // WNA16_NO_MB_HANDOFF=1 (GEMM2 waits for the whole GEMM1 grid).
+  static const bool no_handoff = std::getenv("WNA16_NO_MB_HANDOFF") != nullptr;
+  const bool handoff = !no_handoff && config == 0 && !d.g1.perm && !d.g1.perm_up && !d.g2.perm;
+  if (handoff) r.mb_done = reinterpret_cast<int32_t*>(ws + L.handoff);
   launch_moe_gemm(d.g1, r, st);
   stage_done("GEMM1 (gate/up)", st);
 
@@ -531,6 +541,10 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   d.set_gemm2(r, acc, w2, ws, L);
   r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);
   r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail
+  if (handoff) {
+    r.mb_done_target = int(d.g1.NT / 2);
+    r.item_claim = reinterpret_cast<int32_t*>(ws + L.handoff) + L.max_blocks;
+  }
   launch_moe_gemm(d.g2, r, st);
   stage_done("GEMM2 (down)", st);
 

@@ -141,6 +141,16 @@ struct GemmRun {
   // aligned with x_stride a multiple of 8.
   bool x_kperm = false;
   bool out_kperm = false;
+  // M-block handoff between the two decode-kernel GEMMs of a layer call (config m8 without
+  // act-order, refused elsewhere): GEMM1 (SiluMul) adds, per m-block, the tile pairs whose
+  // intermediate it has stored to mb_done[mb]; GEMM2 (WeightedSum, a programmatic dependent of
+  // GEMM1) waits until mb_done[mb] reaches mb_done_target (GEMM1's NT / 2) before it reads that
+  // m-block's intermediate, instead of waiting for the whole GEMM1 grid, and takes its work items
+  // in order from the counter item_claim, so blocks that start during GEMM1's tail take more of
+  // them. mb_done (max_blocks entries) and item_claim must be zero before GEMM1 starts.
+  int32_t* mb_done = nullptr;
+  int mb_done_target = 0;
+  int32_t* item_claim = nullptr;
 };
 
 // The prefill kernel's k-permuted activation layout: inside each 64-element chunk of a row, the
@@ -168,8 +178,9 @@ int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t
 // "auto") kDecodeTilesAuto (measured fastest, docs/perf.md). The layer's GemmRun::decode_4tiles.
 int decode_4tiles_default();
 // Expected m-blocks of bm tokens when M tokens each pick topk distinct experts of E uniformly:
-// E * E[ceil(n / bm)], n ~ Binomial(M, topk / E). Used by the decode work model where
-// WNA16_DECODE_MBLOCKS=exact (an A/B switch). Throws Error naming the value for any argument < 1.
+// E * E[ceil(n / bm)], n ~ Binomial(M, topk / E). The decode work model's m-block estimate
+// (WNA16_DECODE_MBLOCKS=spill: the older one, an A/B switch). Throws Error naming the value for any
+// argument < 1.
 double expected_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm);
 // The A/B switch WNA16_DECODE_KW (the decode kernel's in-block K split), parsed: "" -> {0, 0} (the
 // model chooses); "K" -> {K, K}; "K1,K2" -> {GEMM1's, GEMM2's}; each 0 (the model), 1, 2 or 4.

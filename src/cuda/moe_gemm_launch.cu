@@ -120,18 +120,20 @@ double expected_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm) {
 
 namespace {
 // The m-blocks the align step is expected to produce; the real count is only known on the device.
-// Default: one per distinct expert under uniform routing, plus (slots - active) / bm (this counts
-// blocks beyond the first from the first slot on, so it over-counts when experts get fewer than
-// bm tokens: Mixtral M=16, 4 per expert, 11 for 8). WNA16_DECODE_MBLOCKS=exact (A/B switch, not yet
-// measured): the expectation of sum over experts of ceil(tokens / bm), expected_mblocks().
+// Decode kernel (bm = 8): the expectation of the sum over experts of ceil(tokens / bm),
+// expected_mblocks(). Staged kernels, and the decode kernel under the A/B switch
+// WNA16_DECODE_MBLOCKS=spill: one block per distinct expert plus (slots - active) / bm, which
+// over-counts when experts get fewer than bm tokens (Mixtral M=16, 4 per expert: 11 for 8) and made
+// the decode work model pick the wrong K split there (docs/perf.md, session 5: 233 -> 219 us).
 int64_t estimate_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm) {
-  static const bool exact = [] {
+  static const bool spill_model = [] {
     const char* v = std::getenv("WNA16_DECODE_MBLOCKS");
     const std::string t = v ? v : "";
     if (!t.empty() && t != "exact" && t != "spill")
       throw Error("WNA16_DECODE_MBLOCKS=" + t + " is not exact or spill");
-    return t == "exact";
+    return t == "spill";
   }();
+  const bool exact = bm == gemm::kDecodeBM && !spill_model;
   const int64_t slots = M * topk;
   if (exact && M >= 1 && topk >= 1 && E >= 1)
     return std::max<int64_t>(1, std::llround(expected_mblocks(M, topk, E, bm)));
@@ -162,8 +164,8 @@ DecodeShape best_decode_kw(int64_t mblocks, int64_t pairs, int64_t splits, int64
   for (int kw : {1, 2, 4}) {
     if (only_kw != 0) {
       if (kw != only_kw) continue;
-    } else if (kw > 1 && kc_per_split < 4 * kw) {
-      break;  // keep >= 4 chunks per warp
+    } else if (kw > 1 && kc_per_split < 2 * kw) {
+      break;  // keep >= 2 chunks (one g128 group) per warp
     }
     const int64_t units_per_block = gemm::kDecodeWarps / kw;
     const int64_t blocks = mblocks * ((units + units_per_block - 1) / units_per_block) * splits;
@@ -296,6 +298,12 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
                 ") that is a multiple of 64");
   if (r.x_kperm && (reinterpret_cast<uintptr_t>(r.x) % 16 != 0 || r.x_stride % 8 != 0))
     throw Error("x_kperm needs x 16-byte aligned and x_stride (" + std::to_string(r.x_stride) + ") a multiple of 8");
+  if ((r.mb_done || r.item_claim) && (r.config != 0 || w.perm || w.perm_up))
+    throw Error(std::string("the m-block handoff (mb_done) is for the decode kernel (config m8 without act-order), not ") +
+                kConfigs[r.config].name + (w.perm || w.perm_up ? " with act-order" : ""));
+  if (r.epilogue == GemmEpilogue::WeightedSum && r.mb_done && (r.mb_done_target < 1 || !r.item_claim))
+    throw Error("GEMM2's m-block handoff needs mb_done_target >= 1 (is " + std::to_string(r.mb_done_target) +
+                ") and an item_claim counter");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
     throw Error("gate/up GEMM N=" + std::to_string(w.N) + " (2*I) is not a multiple of 32");
   if (r.epilogue == GemmEpilogue::SiluMul && r.splits != 1)
@@ -350,6 +358,9 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.epilogue = r.epilogue == GemmEpilogue::SiluMul ? 0 : 1;
   kp.x_kperm = r.x_kperm ? 1 : 0;
   kp.out_kperm = r.out_kperm ? 1 : 0;
+  kp.mb_done = r.mb_done;
+  kp.mb_done_target = r.mb_done_target;
+  kp.item_claim = r.epilogue == GemmEpilogue::WeightedSum ? r.item_claim : nullptr;
   // A/B switches for measurements (results are the same either way).
   static const bool no_defer = std::getenv("WNA16_NO_DEFER") != nullptr;
   kp.defer_ok = !no_defer && w.group_len % PackedGemm::kChunkK == 0 && !(w.bits == 8 && r.act == DType::BF16);

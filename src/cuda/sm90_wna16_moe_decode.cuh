@@ -103,7 +103,28 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
   const int mstride = p.NT * 8;                    // meta words per group
 
-  for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
+  // The m-block handoff (GemmRun::mb_done): GEMM1's warps release their m-block's tile pairs once
+  // stored; GEMM2 takes items in order from a counter (blocks that start during GEMM1's tail take
+  // more of them), one block barrier per item, the claimed index double-buffered in shared memory.
+  __shared__ int claimed[2];
+  int claims = 0;
+  auto next_item = [&](int64_t item) -> int64_t {
+    if (!p.item_claim) return item + gridDim.x;
+    if (threadIdx.x == 0) claimed[claims & 1] = atomicAdd(p.item_claim, 1);
+    __syncthreads();
+    return claimed[claims++ & 1];
+  };
+  auto release_mb = [&](int mb) {
+    if (p.epilogue == 0 && p.mb_done) {
+      __syncwarp();  // the warp's stores are ordered before lane 0's fence and count
+      if (lane == 0) {
+        __threadfence();
+        atomicAdd(p.mb_done + mb, PPW);
+      }
+    }
+  };
+
+  for (int64_t item = p.item_claim ? next_item(0) : blockIdx.x; item < total; item = next_item(item)) {
     const WorkItem it = decode_item(p, item, nb_count);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     if (expert < 0) continue;  // block-uniform
@@ -119,7 +140,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       const int s = __ldg(p.sorted_ids + int64_t(mb) * kDecodeBM + lane);
       slot = (s >= 0 && s < p.num_slots) ? s : -1;
     }
-    if (__ballot_sync(0xffffffffu, slot >= 0) == 0) continue;  // block-uniform
+    if (__ballot_sync(0xffffffffu, slot >= 0) == 0) {  // block-uniform
+      if (wk == 0) release_mb(mb);
+      continue;
+    }
     // B operand: lane (g, tig) feeds token column g with real k 16*tig .. +16 of each chunk.
     const int my_slot = __shfl_sync(0xffffffffu, slot, g);
     const T* xrow = nullptr;
@@ -202,7 +226,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 #pragma unroll
     for (int s = 0; s < PF; ++s)
       if (s < nk) load_w(s);
-    if (!waited) {  // x may be the previous kernel's output
+    if (p.epilogue != 0 && p.mb_done) {
+      // The handoff: wait for this m-block's intermediate only (GEMM1 may still run elsewhere).
+      // A count that never arrives (a broken caller) traps after 30 s instead of hanging.
+      if (lane == 0) {
+        const uint64_t t0 = globaltimer_ns();
+        while (ld_acquire_gpu(p.mb_done + mb) < p.mb_done_target) {
+          __nanosleep(64);
+          if (globaltimer_ns() - t0 > 30000000000ull) __trap();
+        }
+      }
+      __syncwarp();  // lane 0's acquire orders the warp's reads of x after it
+    } else if (!waited) {  // x may be the previous kernel's output
       asm volatile("griddepcontrol.wait;" ::: "memory");
       waited = true;
     }
@@ -390,6 +425,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         }
       }
     }
+    release_mb(mb);
   }
 }
 

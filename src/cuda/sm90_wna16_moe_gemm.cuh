@@ -72,6 +72,16 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ int ld_acquire_gpu(const int32_t* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -273,6 +283,9 @@ struct KParams {
   int decode_ppw;        // decode kernel only: tile pairs per warp (1; 2: the int4 4-tile variant)
   int x_kperm;           // prefill kernel only: x k-permuted (kperm_pos): 16-byte token copies
   int out_kperm;         // prefill kernel only, GEMM1: output written k-permuted
+  int32_t* mb_done;      // decode kernel only, null: none. GEMM1: tile pairs stored per m-block;
+  int mb_done_target;    // GEMM2: waits per m-block for mb_done[mb] >= mb_done_target
+  int32_t* item_claim;   // decode kernel only, GEMM2 with mb_done: work items taken from this counter
 };
 
 // A work item of the persistent loops (staged, decode and prefill kernels): (m-block, n-block,

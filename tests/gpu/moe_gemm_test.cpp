@@ -91,13 +91,14 @@ struct GemmCase {
   bool diag = false;  // print the first mismatching (position, column) entries and a histogram
   bool tiles4 = false;  // decode kernel: the 4-tile variant (two tile pairs per warp; int4 only)
   bool kperm = false;   // m128w: x and the intermediate k-permuted (GemmRun::x_kperm / out_kperm)
+  bool handoff = false;  // decode kernel: the m-block handoff counters (GemmRun::mb_done, item_claim)
 };
 
 std::string describe(const GemmCase& c) {
   return "int" + std::to_string(c.bits) + " " + dtype_name(c.act) + " group " + std::to_string(c.gl) +
          (c.zeros ? " asym" : " sym") + " config " + gemm_config_name(c.config) + " M=" + std::to_string(c.M) +
          " kw=" + std::to_string(c.decode_kw) + " splits=" + std::to_string(c.splits) + (c.tiles4 ? " 4-tile" : "") +
-         (c.kperm ? " k-permuted" : "");
+         (c.kperm ? " k-permuted" : "") + (c.handoff ? " handoff" : "");
 }
 
 // Routes M tokens to `topk` distinct experts among the first E-2 (the last two get nothing).
@@ -220,8 +221,22 @@ void run_gemm_case(const GemmCase& c) {
   r.x_stride = H;
   r.out = d_inter.p;
   r.x_kperm = r.out_kperm = c.kperm;
+  // Handoff counters: max_blocks m-block counts, then GEMM2's item counter; poisoned past them.
+  const int64_t nmb = al.num_tokens_post_padded / bm;
+  DeviceArray d_handoff(size_t(r.max_blocks + 2) * 4);
+  std::vector<int32_t> handoff0(size_t(r.max_blocks + 2), 0);
+  handoff0.back() = 0x5eed;
+  d_handoff.put(handoff0);
+  if (c.handoff) r.mb_done = static_cast<int32_t*>(d_handoff.p);
   launch_moe_gemm(dev(g1, d_q1, d_s1, d_z1), r, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
+  if (c.handoff) {
+    // Every real m-block was released once per tile pair of GEMM1 (NT / 2), no other word moved.
+    const std::vector<int32_t> h = d_handoff.get<int32_t>(size_t(r.max_blocks + 2));
+    for (int64_t mb = 0; mb < r.max_blocks + 1; ++mb)
+      ASSERT_EQ(h[size_t(mb)], mb < nmb ? int32_t(g1.pg.NT / 2) : 0) << "handoff count of m-block " << mb;
+    ASSERT_EQ(h.back(), 0x5eed) << "write past the handoff counters";
+  }
 
   // GEMM1 check: every valid padded position holds silu(gate)*up of its token and expert.
   const std::vector<uint16_t> inter = d_inter.get<uint16_t>(size_t(max_padded * I));
@@ -264,8 +279,17 @@ void run_gemm_case(const GemmCase& c) {
   r.topk_weights = static_cast<const float*>(d_tw.p);
   const DeviceGemm dg2 = dev(g2, d_q2, d_s2, d_z2);
   r.splits = c.splits > 0 ? c.splits : choose_splits(dg2, c.config, c.act, M, topk, r.decode_4tiles);
+  if (c.handoff) {
+    r.mb_done_target = int(g1.pg.NT / 2);
+    r.item_claim = static_cast<int32_t*>(d_handoff.p) + r.max_blocks;
+  }
   launch_moe_gemm(dg2, r, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
+  if (c.handoff) {
+    // Every block took items until the counter passed the last one: at least one claim per item.
+    const int32_t claims = d_handoff.get<int32_t>(size_t(r.max_blocks + 1)).back();
+    EXPECT_GT(claims, nmb) << "GEMM2 item claims";
+  }
   const std::vector<float> out = d_out.get<float>(size_t(M * H));
   std::vector<double> ref2(size_t(M * H), 0.0);
   for (int64_t pos = 0; pos < al.num_tokens_post_padded; ++pos) {
@@ -587,6 +611,24 @@ TEST(MoeGemm, DecodeKernelEveryKSplit) {
             run_gemm_case(c);
           }
         }
+}
+
+// The decode GEMMs' m-block handoff (GemmRun::mb_done): GEMM1 releases each m-block once per tile
+// pair, GEMM2 takes its items from the counter and waits per m-block; results as without it. (The
+// layer tests run it concurrently: GEMM2 as a programmatic dependent of GEMM1.)
+TEST(MoeGemm, DecodeHandoffCountsAndClaims) {
+  WNA16_REQUIRE_GPU();
+  for (bool tiles4 : {false, true})
+    for (int kw : {1, 2, 4})
+      for (int64_t M : {1, 9}) {
+        GemmCase c{4, kw == 2 ? DType::F16 : DType::BF16, 128, kw == 4, 0, M, kw, M == 9 ? 3 : 0};
+        c.tiles4 = tiles4;
+        c.handoff = true;
+        run_gemm_case(c);
+      }
+  GemmCase c8{8, DType::BF16, 64, false, 0, 3, 0, 0};
+  c8.handoff = true;
+  run_gemm_case(c8);
 }
 
 TEST(MoeGemm, RefusesBadShapes) {

@@ -146,8 +146,9 @@ struct GemmRun {
   // intermediate it has stored to mb_done[mb]; GEMM2 (WeightedSum, a programmatic dependent of
   // GEMM1) waits until mb_done[mb] reaches mb_done_target (GEMM1's NT / 2) before it reads that
   // m-block's intermediate, instead of waiting for the whole GEMM1 grid, and takes its work items
-  // in order from the counter item_claim, so blocks that start during GEMM1's tail take more of
-  // them. mb_done (max_blocks entries) and item_claim must be zero before GEMM1 starts.
+  // after the first (blockIdx.x) in order from the counter item_claim, so blocks that start during
+  // GEMM1's tail take more of them. mb_done (max_blocks entries) and item_claim must be zero
+  // before GEMM1 starts.
   int32_t* mb_done = nullptr;
   int mb_done_target = 0;
   int32_t* item_claim = nullptr;

@@ -104,13 +104,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   const int mstride = p.NT * 8;                    // meta words per group
 
   // The m-block handoff (GemmRun::mb_done): GEMM1's warps release their m-block's tile pairs once
-  // stored; GEMM2 takes items in order from a counter (blocks that start during GEMM1's tail take
-  // more of them), one block barrier per item, the claimed index double-buffered in shared memory.
+  // stored; GEMM2 blocks start on item blockIdx.x and take the later ones in order from a counter
+  // (blocks that start during GEMM1's tail take more of them). The next item is claimed when an
+  // item starts (the atomic's round trip overlaps the item), passed on through shared memory
+  // (double-buffered: one block barrier per item).
   __shared__ int claimed[2];
   int claims = 0;
+  int next_claim = 0;  // thread 0
   auto next_item = [&](int64_t item) -> int64_t {
     if (!p.item_claim) return item + gridDim.x;
-    if (threadIdx.x == 0) claimed[claims & 1] = atomicAdd(p.item_claim, 1);
+    if (threadIdx.x == 0) claimed[claims & 1] = next_claim;
     __syncthreads();
     return claimed[claims++ & 1];
   };
@@ -124,7 +127,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
   };
 
-  for (int64_t item = p.item_claim ? next_item(0) : blockIdx.x; item < total; item = next_item(item)) {
+  for (int64_t item = blockIdx.x; item < total; item = next_item(item)) {
+    if (p.item_claim && threadIdx.x == 0) next_claim = int(gridDim.x) + atomicAdd(p.item_claim, 1);
     const WorkItem it = decode_item(p, item, nb_count);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     if (expert < 0) continue;  // block-uniform

@@ -286,9 +286,9 @@ void run_gemm_case(const GemmCase& c) {
   launch_moe_gemm(dg2, r, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   if (c.handoff) {
-    // Every block took items until the counter passed the last one: at least one claim per item.
+    // Every item a block started claimed the block's next one: at least one claim per m-block.
     const int32_t claims = d_handoff.get<int32_t>(size_t(r.max_blocks + 1)).back();
-    EXPECT_GT(claims, nmb) << "GEMM2 item claims";
+    EXPECT_GE(claims, nmb) << "GEMM2 item claims";
   }
   const std::vector<float> out = d_out.get<float>(size_t(M * H));
   std::vector<double> ref2(size_t(M * H), 0.0);

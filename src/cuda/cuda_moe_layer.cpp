@@ -528,10 +528,13 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   static const bool no_gemm1_pdl = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
   r.overlap_previous = r.wait_first = !no_gemm1_pdl;
   // Both GEMMs on the decode kernel: GEMM2 starts on each m-block as soon as GEMM1 has stored it
-  // (GemmRun::mb_done), so it runs in the slots GEMM1's last partial round leaves idle. A/B switch:
-  // WNA16_NO_MB_HANDOFF=1 (GEMM2 waits for the whole GEMM1 grid).
+  // (GemmRun::mb_done), so it runs in the slots GEMM1's last partial round leaves idle; where
+  // GEMM1 is too small to leave any (mb_handoff_pays), GEMM2 waits for the whole GEMM1 grid. A/B
+  // switches: WNA16_NO_MB_HANDOFF=1 (never), WNA16_MB_HANDOFF=1 (wherever the kernels allow).
   static const bool no_handoff = std::getenv("WNA16_NO_MB_HANDOFF") != nullptr;
-  const bool handoff = !no_handoff && config == 0 && !d.g1.perm && !d.g1.perm_up && !d.g2.perm;
+  static const bool always_handoff = std::getenv("WNA16_MB_HANDOFF") != nullptr;
+  const bool decode_both = config == 0 && !d.g1.perm && !d.g1.perm_up && !d.g2.perm;
+  const bool handoff = !no_handoff && decode_both && (always_handoff || mb_handoff_pays(d.g1, r));
   if (handoff) r.mb_done = reinterpret_cast<int32_t*>(ws + L.handoff);
   launch_moe_gemm(d.g1, r, st);
   stage_done("GEMM1 (gate/up)", st);

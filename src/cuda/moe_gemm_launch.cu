@@ -222,6 +222,44 @@ void trace_launch(const DeviceGemm& w, const GemmRun& r, const gemm::KParams& kp
 }
 }  // namespace
 
+namespace {
+// The decode kernel's work shape for run r of w (the split given) on the expected m-blocks, and
+// its expected work items against the resident blocks.
+struct DecodePlan {
+  int kw = 1, ppw = 1;
+  double items = 0;
+  int64_t resident = 1;
+};
+DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc_per_split) {
+  const int64_t bm = gemm_config_block_m(r.config);
+  const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
+  const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
+  const int64_t mblocks =
+      r.mb_count >= 0 ? r.mb_count : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
+  const int only_kw = r.epilogue == GemmEpilogue::SiluMul ? decode_kw_pins().first : decode_kw_pins().second;
+  DecodePlan plan;
+  plan.resident = resident_blocks(w.bits, r.config, r.act);
+  const DecodeChoice c = best_decode_shape(mblocks, w.NT / 2, splits, kc_per_split, plan.resident,
+                                           decode_ppw_range(w, r.decode_4tiles), only_kw);
+  plan.ppw = c.ppw;
+  plan.kw = r.decode_kw != 0 ? r.decode_kw : c.shape.kw;
+  const int64_t units = w.NT / (2 * plan.ppw), per_block = gemm::kDecodeWarps / plan.kw;
+  plan.items = double(mblocks) * double((units + per_block - 1) / per_block) * splits;
+  return plan;
+}
+}  // namespace
+
+bool mb_handoff_pays(const DeviceGemm& g1, const GemmRun& r1) {
+  if (r1.config != 0 || g1.perm || g1.perm_up || r1.num_slots < 1) return false;
+  // Measured (docs/perf.md, session 5): GEMM2 gains where GEMM1's items nearly fill the resident
+  // blocks or more (a last partial round, or uneven SMs, leave slots it can use: DeepSeek-V3 M=1
+  // 1152 items on 528 blocks, 75.2 -> 72.9 us; Qwen3 M=16 492, 78.6 -> 76.5), and loses about 1 us
+  // below (Qwen3 M=1 384 items, 21.6 -> 22.5; DeepSeek-V2-Lite M=1 352, 27.3 -> 28.0), where every
+  // m-block is done at once and the releases only add their fences.
+  const DecodePlan plan = plan_decode(g1, r1, 1, int(g1.K / PackedGemm::kChunkK));
+  return plan.items >= 0.9 * double(plan.resident);
+}
+
 std::pair<int, int> parse_decode_kw_pin(const std::string& v) {
   auto one = [&](const std::string& t) {
     if (t != "0" && t != "1" && t != "2" && t != "4")
@@ -398,14 +436,9 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
       throw Error("decode_kw=" + std::to_string(r.decode_kw) + " is not 1, 2 or 4");
     if (r.decode_4tiles < kDecodePairs || r.decode_4tiles > kDecodeTilesAuto)
       throw Error("decode_4tiles=" + std::to_string(r.decode_4tiles) + " is not 0, 1 or 2");
-    const int64_t mblocks = r.mb_count >= 0 ? r.mb_count
-                                            : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
-    const int only_kw = r.epilogue == GemmEpilogue::SiluMul ? decode_kw_pins().first : decode_kw_pins().second;
-    const DecodeChoice c = best_decode_shape(mblocks, w.NT / 2, kp.splits, kp.kc_per_split,
-                                             resident_blocks(w.bits, r.config, r.act), decode_ppw_range(w, r.decode_4tiles),
-                                             only_kw);
-    kp.decode_ppw = c.ppw;
-    kp.decode_kw = r.decode_kw != 0 ? r.decode_kw : c.shape.kw;
+    const DecodePlan plan = plan_decode(w, r, kp.splits, kp.kc_per_split);
+    kp.decode_ppw = plan.ppw;
+    kp.decode_kw = plan.kw;
   }
   trace_launch(w, r, kp);
   auto s = static_cast<cudaStream_t>(stream);

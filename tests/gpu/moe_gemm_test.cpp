@@ -631,6 +631,36 @@ TEST(MoeGemm, DecodeHandoffCountsAndClaims) {
   run_gemm_case(c8);
 }
 
+// Where the layer turns the handoff on (mb_handoff_pays): GEMM1's expected decode work items
+// against 9/10 of the resident blocks. DeepSeek-V3 M=1 (9 kernel experts, 128 tile pairs, K split
+// over 4 warps: 1152 items) pays, Qwen3-30B-A3B M=1 (8 experts, 48 pairs: 384) does not on the H200
+// (528 resident blocks); never for act-order or the staged configs.
+TEST(MoeGemm, HandoffWhereGemm1FillsTheGpu) {
+  WNA16_REQUIRE_GPU();
+  int dummy[8] = {};
+  auto shape = [&](int64_t E, int64_t K, int64_t N) {
+    DeviceGemm d = tiny_host_gemm(dummy);
+    d.E = E, d.K = K, d.N = N, d.NT = N / 16, d.group_len = 128, d.G = K / 128;
+    return d;
+  };
+  auto run = [](int64_t M, int topk, int config) {
+    GemmRun r;
+    r.config = config;
+    r.topk = topk;
+    r.num_slots = M * topk;
+    r.max_blocks = 1 << 20;
+    return r;
+  };
+  const int64_t resident = resident_blocks(4, 0, DType::BF16);
+  const DeviceGemm ds = shape(257, 7168, 4096), qw = shape(128, 2048, 1536);
+  EXPECT_EQ(mb_handoff_pays(ds, run(1, 9, 0)), 1152 >= 0.9 * double(resident)) << resident << " resident blocks";
+  EXPECT_EQ(mb_handoff_pays(qw, run(1, 8, 0)), 384 >= 0.9 * double(resident)) << resident << " resident blocks";
+  EXPECT_FALSE(mb_handoff_pays(ds, run(1, 9, config_named("m64"))));
+  DeviceGemm act_order = ds;
+  act_order.perm = dummy;
+  EXPECT_FALSE(mb_handoff_pays(act_order, run(1, 9, 0)));
+}
+
 TEST(MoeGemm, RefusesBadShapes) {
   WNA16_REQUIRE_GPU();
   DeviceGemm d;

@@ -3,22 +3,26 @@
 writer map, the wgmma K-major 128B-swizzle read model (start + 32 bytes per k-step, 8-row groups 1024
 bytes apart, 16-byte unit c of row r at c ^ (r & 7)) and the packed A fragment (moe_gemm.h) agree
 on which (token, real k) each wgmma operand element is; and the writes are bank-conflict free."""
+def token_copies():
+    """Each thread's token-tile rows: (lane, row, 16-byte unit p8, the unit's swizzled byte offset)."""
+    for warp in range(8):
+        for lane in range(32):
+            for i in range(4):
+                row = 32*i + 4*warp + (lane >> 3); p8 = lane & 7
+                xr0 = 4*warp + (lane >> 3)
+                yield lane, row, p8, xr0*128 + ((p8 ^ (xr0 & 7)) << 4) + i*4096
+
 # writer: which (row, real k) sits at each byte of a stage's token tile
 store = {}
-for warp in range(8):
-    for lane in range(32):
-        for i in range(4):
-            row = 32*i + 4*warp + (lane >> 3); p8 = lane & 7
-            xr0 = 4*warp + (lane >> 3)
-            xsoff = xr0*128 + ((p8 ^ (xr0 & 7)) << 4)
-            for cc in range(4):
-                c = (cc + (lane >> 3)) & 3
-                off = xsoff + i*4096 + c*4
-                rp = p8 + 8*c          # real pair; global element offset 2*p8 + 16*c
-                assert 2*p8 + 16*c == 2*rp
-                for e in range(2):
-                    assert off + 2*e not in store
-                    store[off + 2*e] = (row, 2*rp + e)
+for lane, row, p8, xsoff in token_copies():
+    for cc in range(4):
+        c = (cc + (lane >> 3)) & 3
+        off = xsoff + c*4
+        rp = p8 + 8*c          # real pair; global element offset 2*p8 + 16*c
+        assert 2*p8 + 16*c == 2*rp
+        for e in range(2):
+            assert off + 2*e not in store
+            store[off + 2*e] = (row, 2*rp + e)
 assert len(store) == 128*64
 # wgmma B read model (K-major, SW128, SBO 1024, start + 32 s)
 def b_addr(n, kk, s):
@@ -55,15 +59,10 @@ def kperm_pos(k):
 inv = {kperm_pos(k): k for k in range(64)}
 assert sorted(inv) == list(range(64))
 store2 = {}
-for warp in range(8):
-    for lane in range(32):
-        for i in range(4):
-            row = 32*i + 4*warp + (lane >> 3); p8 = lane & 7
-            xr0 = 4*warp + (lane >> 3)
-            xsoff = xr0*128 + ((p8 ^ (xr0 & 7)) << 4)
-            for b in range(0, 16, 2):          # the 8 elements of the 16-byte copy
-                gpos = 8*p8 + b // 2           # element position in the permuted chunk
-                assert xsoff + i*4096 + b not in store2
-                store2[xsoff + i*4096 + b] = (row, inv[gpos])
+for lane, row, p8, xsoff in token_copies():
+    for b in range(0, 16, 2):          # the 8 elements of the 16-byte copy
+        gpos = 8*p8 + b // 2           # element position in the permuted chunk
+        assert xsoff + b not in store2
+        store2[xsoff + b] = (row, inv[gpos])
 print("k-permuted writer mismatches", sum(store2[a] != store[a] for a in store))
 assert store2 == store

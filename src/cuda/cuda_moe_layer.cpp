@@ -141,6 +141,27 @@ struct CudaMoeLayer::Impl {
                        cudaStream_t st) const;
   void check_call(const void* x, const void* out, int64_t M, DType act, const void* workspace, size_t workspace_size,
                   Workspace* L, int* config) const;
+  // What both forward paths share: the checks, then router -> routing -> align on the stream.
+  struct Call {
+    Workspace L;
+    int config = 0;
+    cudaStream_t st = nullptr;
+    char* ws = nullptr;
+    float* acc = nullptr;      // the fp32 top-k sum
+    const float* w2 = nullptr;  // routing weights of every slot (shared slices included)
+  };
+  // Returns false (nothing launched) for M = 0.
+  bool begin_call(const void* x, const void* out, int64_t M, DType act, void* workspace, size_t workspace_size,
+                  Stream stream, Call* c) const {
+    check_call(x, out, M, act, workspace, workspace_size, &c->L, &c->config);
+    if (M == 0) return false;
+    c->st = static_cast<cudaStream_t>(stream);
+    c->ws = static_cast<char*>(workspace);
+    c->acc = reinterpret_cast<float*>(c->ws + c->L.acc);
+    c->w2 = reinterpret_cast<const float*>(c->ws + (S > 0 ? c->L.w2 : c->L.w));
+    route_and_align(x, M, act, c->ws, c->L, gemm_config_block_m(c->config), c->st);
+    return true;
+  }
 
   // The GEMM launch fields both stages share: the align outputs in the workspace drive the grid.
   GemmRun align_driven_run(DType act, int config, int64_t M, char* ws, const Workspace& L) const {
@@ -498,17 +519,12 @@ size_t CudaMoeLayer::weight_bytes() const { return impl_->weight_bytes; }
 void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void* workspace, size_t workspace_size,
                            Stream stream) const {
   const Impl& d = *impl_;
-  Workspace L;
-  int config = 0;
-  d.check_call(x, out, M, act, workspace, workspace_size, &L, &config);
-  if (M == 0) return;
-  auto st = static_cast<cudaStream_t>(stream);
-  char* ws = static_cast<char*>(workspace);
-  const int bm = gemm_config_block_m(config);
-  auto* acc = reinterpret_cast<float*>(ws + L.acc);
-  d.route_and_align(x, M, act, ws, L, bm, st);
-  const float* w2 = reinterpret_cast<const float*>(ws + (d.S > 0 ? L.w2 : L.w));
-
+  Impl::Call c;
+  if (!d.begin_call(x, out, M, act, workspace, workspace_size, stream, &c)) return;
+  const Workspace& L = c.L;
+  const int config = c.config;
+  const cudaStream_t st = c.st;
+  char* ws = c.ws;
   GemmRun r = d.align_driven_run(act, config, M, ws, L);
 
   d.set_gemm1(r, x, ws, L);
@@ -541,7 +557,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
 
   r.wait_first = false;
   r.out_kperm = false;  // GEMM2 writes the fp32 accumulator; its input (the intermediate) is k-permuted with kperm
-  d.set_gemm2(r, acc, w2, ws, L);
+  d.set_gemm2(r, c.acc, c.w2, ws, L);
   r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);
   r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail
   if (handoff) {
@@ -553,29 +569,26 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
 
   // A programmatic dependent of GEMM2 (which releases its dependents early): the cast's set-up
   // overlaps GEMM2's tail and its griddepcontrol.wait waits for GEMM2's completion and flush.
-  launch_cast_out(acc, out, act, M * d.H, st);
+  launch_cast_out(c.acc, out, act, M * d.H, st);
   stage_done("cast", st);
 }
 
 void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, DType act, void* workspace,
                                            size_t workspace_size, Stream stream) const {
   const Impl& d = *impl_;
-  Workspace L;
-  int config = 0;
-  d.check_call(x, out, M, act, workspace, workspace_size, &L, &config);
-  if (M == 0) return;
-  auto st = static_cast<cudaStream_t>(stream);
-  char* ws = static_cast<char*>(workspace);
+  Impl::Call c;
+  if (!d.begin_call(x, out, M, act, workspace, workspace_size, stream, &c)) return;
+  const Workspace& L = c.L;
+  const int config = c.config;
+  const cudaStream_t st = c.st;
+  char* ws = c.ws;
   const int bm = gemm_config_block_m(config);
-  auto* acc = reinterpret_cast<float*>(ws + L.acc);
-  d.route_and_align(x, M, act, ws, L, bm, st);
   // The loop pattern needs the per-expert block ranges on the host.
   int32_t ntpp = 0;
   std::vector<int32_t> eids(size_t(L.max_blocks));
   WNA16_CUDA_CHECK(cudaMemcpyAsync(&ntpp, ws + L.ntpp, 4, cudaMemcpyDeviceToHost, st));
   WNA16_CUDA_CHECK(cudaMemcpyAsync(eids.data(), ws + L.eids, eids.size() * 4, cudaMemcpyDeviceToHost, st));
   WNA16_CUDA_CHECK(cudaStreamSynchronize(st));
-  const float* w2 = reinterpret_cast<const float*>(ws + (d.S > 0 ? L.w2 : L.w));
   GemmRun r = d.align_driven_run(act, config, M, ws, L);
   std::vector<std::pair<int64_t, int64_t>> runs;  // (first block, block count) per expert
   const int64_t nblocks = ntpp / bm;
@@ -593,7 +606,7 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
     launch_moe_gemm(d.g1, r, st);
   }
   for (const auto& [b0, nb] : runs) {
-    d.set_gemm2(r, acc, w2, ws, L);
+    d.set_gemm2(r, c.acc, c.w2, ws, L);
     r.mb_begin = b0;
     r.mb_count = nb;
     r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);
@@ -601,7 +614,7 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
   }
   // After the last GEMM2 launch (plain launches here) the cast, a programmatic dependent: its
   // griddepcontrol.wait waits for that launch, which ran after every launch before it.
-  launch_cast_out(acc, out, act, M * d.H, st);
+  launch_cast_out(c.acc, out, act, M * d.H, st);
 }
 
 // ---- backend adapter ---------------------------------------------------------------------------

@@ -288,10 +288,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 #pragma unroll
           for (int u = 0; u < U; ++u) {
             const uint4 v = kDecodeSmemW ? w_ring[warp][r][i * U + u][lane] : wbuf[kDecodeSmemW ? 0 : r][i * U + u];
-            wq[i][4 * u + 0] = v.x;
-            wq[i][4 * u + 1] = v.y;
-            wq[i][4 * u + 2] = v.z;
-            wq[i][4 * u + 3] = v.w;
+            put_words(&wq[i][4 * u], v);
           }
 
         if constexpr (DEFER) {

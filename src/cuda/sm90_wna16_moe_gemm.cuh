@@ -72,6 +72,13 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
+// The four words of a 16-byte load, in order, into w[0..3] (packed weight codes of one lane).
+__device__ __forceinline__ void put_words(uint32_t* w, const uint4& v) {
+  w[0] = v.x;
+  w[1] = v.y;
+  w[2] = v.z;
+  w[3] = v.w;
+}
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -502,10 +509,7 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const uint4 v = sw[(ntl * U + u) * 32 + lane];
-          wq[i][4 * u + 0] = v.x;
-          wq[i][4 * u + 1] = v.y;
-          wq[i][4 * u + 2] = v.z;
-          wq[i][4 * u + 3] = v.w;
+          put_words(&wq[i][4 * u], v);
         }
       }
 

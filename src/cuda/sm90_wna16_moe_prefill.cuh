@@ -246,10 +246,7 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
 #pragma unroll
           for (int u = 0; u < U; ++u) {
             const uint4 v = sw[(ntl * U + u) * 32 + lane];
-            wv[i][4 * u + 0] = v.x;
-            wv[i][4 * u + 1] = v.y;
-            wv[i][4 * u + 2] = v.z;
-            wv[i][4 * u + 3] = v.w;
+            put_words(&wv[i][4 * u], v);
           }
           meta[i].load(ss[ntl * 32 + lane], p.zeros ? sz[ntl * 32 + lane] : p.default_zero);
         }

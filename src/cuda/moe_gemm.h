@@ -181,8 +181,9 @@ int decode_4tiles_default();
 // Blocks of the kernel of config (bits, act) resident on the whole device (occupancy x SMs).
 int resident_blocks(int bits, int config, DType act);
 // Whether the m-block handoff (GemmRun::mb_done) is expected to pay for GEMM1 run r1 of g1 (the
-// decode kernel; false for any other kernel): its work items fill at least 9/10 of the resident
-// blocks, so GEMM2 can use slots GEMM1 leaves idle before it ends (measured, docs/perf.md).
+// decode kernel; false for any other kernel): its work items (in the shape GEMM1 takes with the
+// handoff, which fills at least one round where it can) fill at least 9/10 of the resident blocks,
+// so GEMM2 can use slots GEMM1 leaves idle before it ends (measured, docs/perf.md).
 bool mb_handoff_pays(const DeviceGemm& g1, const GemmRun& r1);
 // Expected m-blocks of bm tokens when M tokens each pick topk distinct experts of E uniformly:
 // E * E[ceil(n / bm)], n ~ Binomial(M, topk / E). The decode work model's m-block estimate

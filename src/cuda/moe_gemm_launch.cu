@@ -224,13 +224,18 @@ void trace_launch(const DeviceGemm& w, const GemmRun& r, const gemm::KParams& kp
 
 namespace {
 // The decode kernel's work shape for run r of w (the split given) on the expected m-blocks, and
-// its expected work items against the resident blocks.
+// its expected work items against the resident blocks. fill (GEMM1 with the m-block handoff): where
+// the model's shape leaves more than 1/10 of the resident blocks idle in its only round, the
+// cheapest modelled shape that fills at least one round instead (finer K split or one tile pair
+// per warp); GEMM2 runs in the slots its partial second round leaves. Measured: Mixtral M=1
+// 61.9 -> 59.6 us with kw = 4 instead of 2 (docs/perf.md, session 5). A/B switch:
+// WNA16_NO_HANDOFF_FILL=1.
 struct DecodePlan {
   int kw = 1, ppw = 1;
   double items = 0;
   int64_t resident = 1;
 };
-DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc_per_split) {
+DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc_per_split, bool fill) {
   const int64_t bm = gemm_config_block_m(r.config);
   const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
   const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
@@ -243,8 +248,23 @@ DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc
                                            decode_ppw_range(w, r.decode_4tiles), only_kw);
   plan.ppw = c.ppw;
   plan.kw = r.decode_kw != 0 ? r.decode_kw : c.shape.kw;
-  const int64_t units = w.NT / (2 * plan.ppw), per_block = gemm::kDecodeWarps / plan.kw;
-  plan.items = double(mblocks) * double((units + per_block - 1) / per_block) * splits;
+  auto items = [&](int ppw, int kw) {
+    const int64_t units = w.NT / (2 * ppw), per_block = gemm::kDecodeWarps / kw;
+    return double(mblocks) * double((units + per_block - 1) / per_block) * splits;
+  };
+  plan.items = items(plan.ppw, plan.kw);
+  static const bool no_fill = std::getenv("WNA16_NO_HANDOFF_FILL") != nullptr;
+  if (fill && !no_fill && only_kw == 0 && r.decode_kw == 0 && plan.items < 0.9 * double(plan.resident)) {
+    const auto range = decode_ppw_range(w, r.decode_4tiles);
+    double best = 1e300;
+    for (int ppw = range.first; ppw <= range.second; ++ppw)
+      for (int kw : {1, 2, 4}) {
+        if (items(ppw, kw) < double(plan.resident) || kc_per_split < 2 * kw) continue;
+        const double cost = best_decode_kw(mblocks, w.NT / 2, splits, kc_per_split, plan.resident, ppw, kw).cost;
+        if (cost < best * (1 - 1e-9)) best = cost, plan.ppw = ppw, plan.kw = kw;
+      }
+    plan.items = items(plan.ppw, plan.kw);
+  }
   return plan;
 }
 }  // namespace
@@ -255,8 +275,9 @@ bool mb_handoff_pays(const DeviceGemm& g1, const GemmRun& r1) {
   // blocks or more (a last partial round, or uneven SMs, leave slots it can use: DeepSeek-V3 M=1
   // 1152 items on 528 blocks, 75.2 -> 72.9 us; Qwen3 M=16 492, 78.6 -> 76.5), and loses about 1 us
   // below (Qwen3 M=1 384 items, 21.6 -> 22.5; DeepSeek-V2-Lite M=1 352, 27.3 -> 28.0), where every
-  // m-block is done at once and the releases only add their fences.
-  const DecodePlan plan = plan_decode(g1, r1, 1, int(g1.K / PackedGemm::kChunkK));
+  // m-block is done at once and the releases only add their fences. The shape is GEMM1's with the
+  // handoff (plan_decode's fill: Mixtral M=1 448 -> 896 items).
+  const DecodePlan plan = plan_decode(g1, r1, 1, int(g1.K / PackedGemm::kChunkK), true);
   return plan.items >= 0.9 * double(plan.resident);
 }
 
@@ -436,7 +457,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
       throw Error("decode_kw=" + std::to_string(r.decode_kw) + " is not 1, 2 or 4");
     if (r.decode_4tiles < kDecodePairs || r.decode_4tiles > kDecodeTilesAuto)
       throw Error("decode_4tiles=" + std::to_string(r.decode_4tiles) + " is not 0, 1 or 2");
-    const DecodePlan plan = plan_decode(w, r, kp.splits, kp.kc_per_split);
+    const DecodePlan plan =
+        plan_decode(w, r, kp.splits, kp.kc_per_split, r.epilogue == GemmEpilogue::SiluMul && r.mb_done != nullptr);
     kp.decode_ppw = plan.ppw;
     kp.decode_kw = plan.kw;
   }

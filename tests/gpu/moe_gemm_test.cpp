@@ -633,8 +633,9 @@ TEST(MoeGemm, DecodeHandoffCountsAndClaims) {
 
 // Where the layer turns the handoff on (mb_handoff_pays): GEMM1's expected decode work items
 // against 9/10 of the resident blocks. DeepSeek-V3 M=1 (9 kernel experts, 128 tile pairs, K split
-// over 4 warps: 1152 items) pays, Qwen3-30B-A3B M=1 (8 experts, 48 pairs: 384) does not on the H200
-// (528 resident blocks); never for act-order or the staged configs.
+// over 4 warps: 1152 items) and Mixtral M=1 (896 in the filling shape) pay, Qwen3-30B-A3B M=1 (8
+// experts, 48 pairs: 384 at most) does not on the H200 (528 resident blocks); never for act-order
+// or the staged configs.
 TEST(MoeGemm, HandoffWhereGemm1FillsTheGpu) {
   WNA16_REQUIRE_GPU();
   int dummy[8] = {};
@@ -655,6 +656,10 @@ TEST(MoeGemm, HandoffWhereGemm1FillsTheGpu) {
   const DeviceGemm ds = shape(257, 7168, 4096), qw = shape(128, 2048, 1536);
   EXPECT_EQ(mb_handoff_pays(ds, run(1, 9, 0)), 1152 >= 0.9 * double(resident)) << resident << " resident blocks";
   EXPECT_EQ(mb_handoff_pays(qw, run(1, 8, 0)), 384 >= 0.9 * double(resident)) << resident << " resident blocks";
+  // Mixtral M=1: the model's shape (K over 2 warps, 2 pairs per warp) is 448 items, one round with
+  // idle blocks; with the handoff GEMM1 splits K over 4 warps instead: 896 items.
+  const DeviceGemm mx = shape(8, 4096, 28672);
+  EXPECT_EQ(mb_handoff_pays(mx, run(1, 2, 0)), 896 >= 0.9 * double(resident)) << resident << " resident blocks";
   EXPECT_FALSE(mb_handoff_pays(ds, run(1, 9, config_named("m64"))));
   DeviceGemm act_order = ds;
   act_order.perm = dummy;

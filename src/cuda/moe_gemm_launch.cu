@@ -226,10 +226,10 @@ namespace {
 // The decode kernel's work shape for run r of w (the split given) on the expected m-blocks, and
 // its expected work items against the resident blocks. fill (GEMM1 with the m-block handoff): where
 // the model's shape leaves more than 1/10 of the resident blocks idle in its only round, the
-// cheapest modelled shape that fills at least one round instead (finer K split or one tile pair
-// per warp); GEMM2 runs in the slots its partial second round leaves. Measured: Mixtral M=1
-// 61.9 -> 59.6 us with kw = 4 instead of 2 (docs/perf.md, session 5). A/B switch:
-// WNA16_NO_HANDOFF_FILL=1.
+// cheapest modelled finer K split (same tile pairs per warp) that fills at least one round instead;
+// GEMM2 runs in the slots its partial second round leaves. Measured (docs/perf.md, session 5):
+// Mixtral M=1 62.2 -> 59.1 us (kw 2 -> 4); one pair per warp instead of two, the other way to more
+// items, lost 1.4 us at Qwen1.5-MoE and DeepSeek-V2-Lite M=1. A/B switch: WNA16_NO_HANDOFF_FILL=1.
 struct DecodePlan {
   int kw = 1, ppw = 1;
   double items = 0;
@@ -255,14 +255,13 @@ DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc
   plan.items = items(plan.ppw, plan.kw);
   static const bool no_fill = std::getenv("WNA16_NO_HANDOFF_FILL") != nullptr;
   if (fill && !no_fill && only_kw == 0 && r.decode_kw == 0 && plan.items < 0.9 * double(plan.resident)) {
-    const auto range = decode_ppw_range(w, r.decode_4tiles);
     double best = 1e300;
-    for (int ppw = range.first; ppw <= range.second; ++ppw)
-      for (int kw : {1, 2, 4}) {
-        if (items(ppw, kw) < double(plan.resident) || kc_per_split < 2 * kw) continue;
-        const double cost = best_decode_kw(mblocks, w.NT / 2, splits, kc_per_split, plan.resident, ppw, kw).cost;
-        if (cost < best * (1 - 1e-9)) best = cost, plan.ppw = ppw, plan.kw = kw;
-      }
+    const int model_kw = plan.kw;
+    for (int kw : {2, 4}) {
+      if (kw <= model_kw || items(plan.ppw, kw) < double(plan.resident) || kc_per_split < 2 * kw) continue;
+      const double cost = best_decode_kw(mblocks, w.NT / 2, splits, kc_per_split, plan.resident, plan.ppw, kw).cost;
+      if (cost < best * (1 - 1e-9)) best = cost, plan.kw = kw;
+    }
     plan.items = items(plan.ppw, plan.kw);
   }
   return plan;

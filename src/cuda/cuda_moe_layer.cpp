@@ -258,6 +258,17 @@ void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) 
   std::vector<int32_t> h_perm(static_cast<size_t>(E2 * H)), h_perm_up(static_cast<size_t>(E2 * H));
   std::atomic<bool> any_perm{false}, any_dual{false};
 
+  // Copies expert e2's packed linear into its slot of the device arrays (zeros only with a table).
+  auto upload = [&](int e2, const PackedGemm& pk, DevBuf& qw, DevBuf& sc, DevBuf& zr, int64_t qw_words,
+                    int64_t m_words) {
+    WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(qw.p) + e2 * qw_words, pk.qweight.data(), qw_words * 4,
+                                cudaMemcpyHostToDevice));
+    WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(sc.p) + e2 * m_words, pk.scales.data(), m_words * 4,
+                                cudaMemcpyHostToDevice));
+    if (has_zeros)
+      WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(zr.p) + e2 * m_words, pk.zeros.data(), m_words * 4,
+                                  cudaMemcpyHostToDevice));
+  };
   // Builds and uploads GEMM1 and GEMM2 of kernel expert e2 (routed e2 < E, else shared slice).
   auto pack_one = [&](int e2) {
     const ExpertWeights& src = e2 < E ? w.experts[size_t(e2)] : *w.shared;
@@ -343,13 +354,7 @@ void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) 
       PackedGemm pk;
       pk.init(bits, 1, H, 2 * I, gl1, has_zeros);
       pack_kernel_linear(kl, 0, pk);
-      WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(qw1.p) + e2 * qw1_words, pk.qweight.data(), qw1_words * 4,
-                                  cudaMemcpyHostToDevice));
-      WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(sc1.p) + e2 * m1_words, pk.scales.data(), m1_words * 4,
-                                  cudaMemcpyHostToDevice));
-      if (has_zeros)
-        WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(zr1.p) + e2 * m1_words, pk.zeros.data(), m1_words * 4,
-                                    cudaMemcpyHostToDevice));
+      upload(e2, pk, qw1, sc1, zr1, qw1_words, m1_words);
       std::copy(rows_g.begin(), rows_g.end(), h_perm.begin() + e2 * H);
       std::copy(rows_u.begin(), rows_u.end(), h_perm_up.begin() + e2 * H);
       if (!pg.empty() || !pu.empty()) any_perm = true;
@@ -392,13 +397,7 @@ void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) 
       PackedGemm pk;
       pk.init(bits, 1, I, H, gl2, has_zeros);
       pack_kernel_linear(kl, 0, pk);
-      WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(qw2.p) + e2 * qw2_words, pk.qweight.data(), qw2_words * 4,
-                                  cudaMemcpyHostToDevice));
-      WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(sc2.p) + e2 * m2_words, pk.scales.data(), m2_words * 4,
-                                  cudaMemcpyHostToDevice));
-      if (has_zeros)
-        WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(zr2.p) + e2 * m2_words, pk.zeros.data(), m2_words * 4,
-                                    cudaMemcpyHostToDevice));
+      upload(e2, pk, qw2, sc2, zr2, qw2_words, m2_words);
     }
   };
 

@@ -167,6 +167,22 @@ __device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums) {
   return warp > 0 ? v + warp_sums[warp - 1] : v;
 }
 
+// Thread tid < E holds expert tid's token count: each expert's run padded to block_m, the block
+// scan of the padded runs, offsets[tid] (offsets[E] = the padded total) and expert_total[tid].
+// Returns tid's exclusive padded offset (0 past E). Every thread of the block calls it.
+__device__ __forceinline__ int padded_offsets(int total, int E, int block_m, int* warp_sums, int* offsets,
+                                              int* expert_total) {
+  const int tid = threadIdx.x;
+  const int padded = tid < E ? (total + block_m - 1) / block_m * block_m : 0;
+  const int incl = block_inclusive_scan(padded, warp_sums);
+  if (tid < E) {
+    offsets[tid] = incl - padded;
+    expert_total[tid] = total;
+    if (tid == E - 1) offsets[E] = incl;
+  }
+  return incl - padded;
+}
+
 // Step 4, spread over n_threads threads (gthread: this thread's rank; gwarp: its warp's rank among
 // n_warps): the padding of every expert's run, the tail past the padded total (sentinel) and
 // expert_ids. Reads only offsets and expert_total (complete before the call). The padding and the
@@ -277,13 +293,9 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
   }
   cluster_arrive_release();  // done with remote shared memory; waited for before exit
 
-  const int padded = tid < E ? (total + block_m - 1) / block_m * block_m : 0;
-  const int incl = block_inclusive_scan(padded, warp_sums);
+  const int offset = padded_offsets(total, E, block_m, warp_sums, offsets, expert_total);
   if (tid < E) {
-    offsets[tid] = incl - padded;
-    expert_total[tid] = total;
-    if (tid == E - 1) offsets[E] = incl;
-    const int base = incl - padded + before;
+    const int base = offset + before;
 #pragma unroll
     for (int w = 0; w < kAlignWarps; ++w) counts[w * E + tid] = base + col[w];
   }
@@ -342,13 +354,7 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
   int total = 0;
   if (tid < E)
     for (int w = 0; w < n_warps; ++w) total += table[w * E + tid];
-  const int padded = tid < E ? (total + block_m - 1) / block_m * block_m : 0;
-  const int incl = block_inclusive_scan(padded, warp_sums);
-  if (tid < E) {
-    offsets[tid] = incl - padded;
-    expert_total[tid] = total;
-    if (tid == E - 1) offsets[E] = incl;
-  }
+  padded_offsets(total, E, block_m, warp_sums, offsets, expert_total);
   __syncthreads();
 
   if (key >= 0) {

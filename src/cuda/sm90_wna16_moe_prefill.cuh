@@ -282,45 +282,43 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
     // token column 8t + 2*tig + (r & 1) (the mma.m16n8 C layout, repeated along N) ----
     const int nact = (nvalid + 7) >> 3;  // 8-token column groups holding at least one token
     const int tile0 = nb * NTB + wg * 8 + 2 * wq;
+    // f(col, a) for this lane's token columns col that hold a token; a: their accumulator index in
+    // acc[tile] for weight row g (row g + 8: a + 2).
+    auto each_token = [&](auto&& f) {
+#pragma unroll
+      for (int t = 0; t < 16; ++t) {
+        if (t >= nact) break;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = t * 8 + 2 * tig + e;
+          if (s_slot[col] >= 0) f(col, 4 * t + e);
+        }
+      }
+    };
     if (p.epilogue == 0) {
       // Tiles (tile0, tile0 + 1) = gate, up of intermediate columns 16 * (tile0 / 2) + g (+8),
       // stored at their k-permuted positions for an m128w GEMM2 (out_kperm).
       const int c_lo = (tile0 / 2) * 16 + g, c_hi = c_lo + 8;
       const int o_lo = p.out_kperm ? int(kperm_pos(c_lo)) : c_lo, o_hi = p.out_kperm ? int(kperm_pos(c_hi)) : c_hi;
-      if (c_lo < p.N / 2) {
-#pragma unroll
-        for (int t = 0; t < 16; ++t) {
-          if (t >= nact) break;
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = t * 8 + 2 * tig + e;
-            if (s_slot[col] < 0) continue;
-            char* row = static_cast<char*>(p.out) + (int64_t(mb) * BM + col) * p.out_stride * int64_t(sizeof(T));
-            Act<T>::store(row + o_lo * sizeof(T), silu(acc[0][4 * t + e]) * acc[1][4 * t + e]);
-            if (c_hi < p.N / 2) Act<T>::store(row + o_hi * sizeof(T), silu(acc[0][4 * t + 2 + e]) * acc[1][4 * t + 2 + e]);
-          }
-        }
-      }
+      if (c_lo < p.N / 2)
+        each_token([&](int col, int a) {
+          char* row = static_cast<char*>(p.out) + (int64_t(mb) * BM + col) * p.out_stride * int64_t(sizeof(T));
+          Act<T>::store(row + o_lo * sizeof(T), silu(acc[0][a]) * acc[1][a]);
+          if (c_hi < p.N / 2) Act<T>::store(row + o_hi * sizeof(T), silu(acc[0][a + 2]) * acc[1][a + 2]);
+        });
     } else {
       float* out = static_cast<float*>(p.out);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int n_lo = (tile0 + i) * 16 + g;
         if (n_lo >= p.N) continue;
-#pragma unroll
-        for (int t = 0; t < 16; ++t) {
-          if (t >= nact) break;
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = t * 8 + 2 * tig + e;
-            const int slot = s_slot[col];
-            if (slot < 0) continue;
-            const float w = __ldg(p.topk_weights + slot);
-            float* orow = out + int64_t(slot / p.topk) * p.out_stride;
-            atomicAdd(orow + n_lo, w * acc[i][4 * t + e]);
-            if (n_lo + 8 < p.N) atomicAdd(orow + n_lo + 8, w * acc[i][4 * t + 2 + e]);
-          }
-        }
+        each_token([&](int col, int a) {
+          const int slot = s_slot[col];
+          const float w = __ldg(p.topk_weights + slot);
+          float* orow = out + int64_t(slot / p.topk) * p.out_stride;
+          atomicAdd(orow + n_lo, w * acc[i][a]);
+          if (n_lo + 8 < p.N) atomicAdd(orow + n_lo + 8, w * acc[i][a + 2]);
+        });
       }
     }
   }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -599,20 +600,24 @@ class RoutingGpu : public ::testing::Test {
   void TearDown() override {
     if (stream_) cudaStreamDestroy(stream_);
   }
+  // Every routing variant and logit dtype on fresh random logits (and bias) for each M.
+  void expect_random_routing_matches(std::initializer_list<int64_t> Ms, const char* what) {
+    for (const RoutingConfig& c : routing_configs())
+      for (DType dtype : {DType::F32, DType::BF16, DType::F16})
+        for (int64_t M : Ms) {
+          const auto bias = make_bias(c.num_experts, rng_);
+          const Logits L = make_logits(c, dtype, M, bias, rng_);
+          const RoutingRun got = run_routing(c, dtype, M, L, bias, stream_);
+          expect_routing_matches(c, dtype, M, L, bias, got, what);
+        }
+  }
   cudaStream_t stream_ = nullptr;
   std::mt19937_64 rng_{7};
 };
 
 TEST_F(RoutingGpu, EveryVariantAndDtypeMatchesReference) {
   WNA16_REQUIRE_GPU();
-  for (const RoutingConfig& c : routing_configs())
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16})
-      for (int64_t M : {int64_t(1), int64_t(3), int64_t(17), int64_t(118), int64_t(1024)}) {
-        const auto bias = make_bias(c.num_experts, rng_);
-        const Logits L = make_logits(c, dtype, M, bias, rng_);
-        const RoutingRun got = run_routing(c, dtype, M, L, bias, stream_);
-        expect_routing_matches(c, dtype, M, L, bias, got, "random");
-      }
+  expect_random_routing_matches({1, 3, 17, 118, 1024}, "random");
 }
 
 TEST_F(RoutingGpu, ExactTiesGoToTheLowerIndex) {
@@ -670,14 +675,7 @@ TEST_F(RoutingGpu, GraphReplayWithNewLogitsEqualsEager) {
 // Decode sizes (one block, one to four warps busy) for every method and dtype.
 TEST_F(RoutingGpu, SmallMEveryMethod) {
   WNA16_REQUIRE_GPU();
-  for (const RoutingConfig& c : routing_configs())
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16})
-      for (int64_t M : {int64_t(1), int64_t(2), int64_t(3), int64_t(16)}) {
-        const auto bias = make_bias(c.num_experts, rng_);
-        const Logits L = make_logits(c, dtype, M, bias, rng_);
-        const RoutingRun got = run_routing(c, dtype, M, L, bias, stream_);
-        expect_routing_matches(c, dtype, M, L, bias, got, "small M");
-      }
+  expect_random_routing_matches({1, 2, 3, 16}, "small M");
 }
 
 // Exact ties at decode sizes, DeepSeek-V3 included: integer logits (ties inside and across groups),

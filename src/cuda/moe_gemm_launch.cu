@@ -220,9 +220,7 @@ void trace_launch(const DeviceGemm& w, const GemmRun& r, const gemm::KParams& kp
   std::lock_guard<std::mutex> lock(mu);
   if (seen.insert(line).second) std::fputs(line, stderr);
 }
-}  // namespace
 
-namespace {
 // The decode kernel's work shape for run r of w (the split given) on the expected m-blocks, and
 // its expected work items against the resident blocks. fill (GEMM1 with the m-block handoff): where
 // the model's shape leaves more than 1/10 of the resident blocks idle in its only round, the

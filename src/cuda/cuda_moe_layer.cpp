@@ -130,8 +130,8 @@ struct CudaMoeLayer::Impl {
     // The decode GEMMs' m-block handoff (GemmRun::mb_done): max_blocks counters, then the item
     // counter; zeroed with the accumulator by the router launch (it directly follows acc).
     ws.handoff = take((ws.max_blocks + 1) * 4);
-    // The k-permuted copy of x for the prefill kernel (config m128w, 128-token m-blocks only).
-    ws.xperm = block_m >= 128 ? take(M * H * 2) : off;
+    // The k-permuted copy of x for the prefill kernel (config m144w, the largest m-blocks, only).
+    ws.xperm = block_m >= gemm_config_block_m(gemm_config_count() - 1) ? take(M * H * 2) : off;
     ws.total = off;
     return ws;
   }
@@ -527,7 +527,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   GemmRun r = d.align_driven_run(act, config, M, ws, L);
 
   d.set_gemm1(r, x, ws, L);
-  // Prefill (m128w): x and the intermediate travel k-permuted, so the kernel copies token rows
+  // Prefill (m144w): x and the intermediate travel k-permuted, so the kernel copies token rows
   // with one 16-byte copy instead of four 4-byte ones; the price is one more pass over x
   // (launch_kperm_rows). A/B switch: WNA16_NO_PREFILL_KPERM=1.
   static const bool no_kperm = std::getenv("WNA16_NO_PREFILL_KPERM") != nullptr;

@@ -135,9 +135,9 @@ struct GemmRun {
   // expert_ids, num_tokens_post_padded): wait for it before anything; only the launch latency and
   // the blocks' start overlap it.
   bool wait_first = false;
-  // Config m128w only (refused elsewhere): x's K axis is stored k-permuted (kperm_pos), so the
+  // Config m144w only (refused elsewhere): x's K axis is stored k-permuted (kperm_pos), so the
   // prefill kernel copies token rows with 16-byte copies instead of 4-byte ones; out_kperm: GEMM1
-  // (SiluMul) writes its output k-permuted (the input of an m128w GEMM2). x must then be 16-byte
+  // (SiluMul) writes its output k-permuted (the input of an m144w GEMM2). x must then be 16-byte
   // aligned with x_stride a multiple of 8.
   bool x_kperm = false;
   bool out_kperm = false;
@@ -165,7 +165,7 @@ constexpr int64_t kperm_pos(int64_t k) {
 
 int gemm_config_count();
 int gemm_config_block_m(int config);
-// Whether the config's kernel takes k-permuted activations (GemmRun::x_kperm / out_kperm): m128w.
+// Whether the config's kernel takes k-permuted activations (GemmRun::x_kperm / out_kperm): m144w.
 bool gemm_config_takes_kperm(int config);
 const char* gemm_config_name(int config);
 // The tile config for M tokens routed to E experts with topk slots each; act_order: the GEMM

@@ -45,9 +45,9 @@ constexpr ConfigRow kConfigs[] = {
     {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N},
     {"m32", gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N},
     {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N},
-    {"m128w", gemm::CfgM128W::BLOCK_M, gemm::CfgM128W::BLOCK_N},  // wgmma prefill kernel, no act-order
+    {"m144w", gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N},  // wgmma prefill kernel, no act-order
 };
-constexpr int kConfigM128W = 3;
+constexpr int kConfigM144W = 3;
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 static_assert(kConfigs[0].block_m < kConfigs[1].block_m && kConfigs[1].block_m < kConfigs[2].block_m &&
                   kConfigs[2].block_m < kConfigs[3].block_m,
@@ -59,7 +59,7 @@ int gemm_config_block_m(int config) {
   if (config < 0 || config >= kNumConfigs) throw Error("GEMM config " + std::to_string(config) + " does not exist");
   return kConfigs[config].block_m;
 }
-bool gemm_config_takes_kperm(int config) { return config == kConfigM128W; }
+bool gemm_config_takes_kperm(int config) { return config == kConfigM144W; }
 const char* gemm_config_name(int config) { return kConfigs[std::clamp(config, 0, kNumConfigs - 1)].name; }
 
 int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order) {
@@ -80,15 +80,15 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order) {
   if (per_expert <= decode_max && !act_order) return 0;
   if (per_expert <= 8.0) return 0;
   if (per_expert <= 40.0) return 1;
-  // The wgmma kernel (128-token m-blocks) once an expert fills most of one; it has no act-order
+  // The wgmma kernel (144-token m-blocks) once an expert fills most of one; it has no act-order
   // gather. NOTE: 96 is a starting point, to be tuned on the GPU. A/B and tuning switches:
-  // WNA16_NO_WGMMA_PREFILL (never m128w), WNA16_PREFILL_MIN_TOKENS=<tokens per expert>.
+  // WNA16_NO_WGMMA_PREFILL (never m144w), WNA16_PREFILL_MIN_TOKENS=<tokens per expert>.
   static const bool no_wgmma = std::getenv("WNA16_NO_WGMMA_PREFILL") != nullptr;
   static const double min_tokens = [] {
     const char* v = std::getenv("WNA16_PREFILL_MIN_TOKENS");
     return v && *v ? std::atof(v) : 96.0;
   }();
-  if (per_expert >= min_tokens && !act_order && !no_wgmma) return kConfigM128W;
+  if (per_expert >= min_tokens && !act_order && !no_wgmma) return kConfigM144W;
   return 2;
 }
 
@@ -344,11 +344,11 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     throw Error("group length " + std::to_string(w.group_len) + " is not a multiple of 16 dividing K=" +
                 std::to_string(w.K));
   if (r.config < 0 || r.config >= kNumConfigs) throw Error("GEMM config " + std::to_string(r.config) + " does not exist");
-  if (r.config == kConfigM128W && (w.perm || w.perm_up))
+  if (r.config == kConfigM144W && (w.perm || w.perm_up))
     throw Error(std::string("GEMM config ") + kConfigs[r.config].name + " has no act-order gather (perm): use config m64");
-  if ((r.x_kperm || r.out_kperm) && r.config != kConfigM128W)
+  if ((r.x_kperm || r.out_kperm) && r.config != kConfigM144W)
     throw Error(std::string("GEMM config ") + kConfigs[r.config].name +
-                " reads and writes activations in natural k order: x_kperm / out_kperm are for m128w only");
+                " reads and writes activations in natural k order: x_kperm / out_kperm are for m144w only");
   if (r.out_kperm && (r.epilogue != GemmEpilogue::SiluMul || (w.N / 2) % 64 != 0))
     throw Error("out_kperm needs the SiluMul epilogue and an output width (N/2 = " + std::to_string(w.N / 2) +
                 ") that is a multiple of 64");

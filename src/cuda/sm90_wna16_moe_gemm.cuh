@@ -708,7 +708,7 @@ int prepare_decode();
 template <class T, int BITS>
 void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream);
 
-// The wgmma prefill kernel, config m128w (sm90_wna16_moe_prefill.cuh), explicitly instantiated in
+// The wgmma prefill kernel, config m144w (sm90_wna16_moe_prefill.cuh), explicitly instantiated in
 // sm90_wna16_moe_prefill_w{4,8}.cu.
 template <class T, int BITS>
 int prepare_prefill();
@@ -751,7 +751,7 @@ int launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks,
     case 1: return by_act(CfgM32{});
     case 2: return by_act(CfgM64{});
     default:
-      // m128w: the wgmma prefill kernel (the launcher refuses act-order for it).
+      // m144w: the wgmma prefill kernel (the launcher refuses act-order for it).
       if (act == DType::BF16) {
         if (kp) launch_prefill<__nv_bfloat16, BITS>(*kp, upper_mblocks, s);
         return prepare_prefill<__nv_bfloat16, BITS>();

@@ -1,4 +1,4 @@
-// The prefill kernel of the fused MoE GEMM (tile config "m128w"): Hopper wgmma (sm_90a), 128 tokens
+// The prefill kernel of the fused MoE GEMM (tile config "m144w"): Hopper wgmma (sm_90a), 144 tokens
 // per m-block, 256 weight rows per block. Same work items, operand roles, dequantisation and
 // epilogues as the staged kernel (sm90_wna16_moe_gemm.cuh); instantiated in
 // sm90_wna16_moe_prefill_w{4,8}.cu. No act-order (the launcher refuses a perm).
@@ -13,16 +13,22 @@
 // of warp q is the mma.m16n8k16 A fragment of rows 16q..16q+15); B = the block's tokens (K-major,
 // from shared memory). N = the valid tokens of the m-block rounded up to 16 (valid tokens are a
 // prefix of the m-block), so a block with few tokens does little padding work. fp32 accumulators:
-// [2 tiles][N/2 <= 64] per thread.
+// [2 tiles][N/2 <= 72] per thread.
+// Why 144 tokens, not 128: every m-block dequantises its expert's weights again, and that work,
+// not the MMAs, bounds the kernel. Routed experts at prefill get n ~ Binomial(M, topk / E) tokens;
+// at DeepSeek-V3 M=4096 that is 128 +- 11, so 128-token blocks need E[ceil(n / 128)] = 1.48 blocks
+// per expert where 144-token blocks need 1.07 (and ceil(n / 144) <= ceil(n / 128) for every n).
+// 144 is as far as the registers go: 2 x 72 accumulators per thread.
 //
 // Shared-memory ring (STAGES deep, each stage one 64-k chunk, filled by cp.async from all threads):
-//   x:       128 token rows x 128 bytes, 128-byte swizzled (16-byte unit c of row r at c ^ (r & 7)),
+//   x:       144 token rows x 128 bytes, 128-byte swizzled (16-byte unit c of row r at c ^ (r & 7)),
 //            1024-byte aligned: the wgmma B operand. The packed weights permute k inside a chunk
 //            (moe_gemm.h: lane tig's A registers of k-step j hold real k 16*tig + 4j + {0,1} and
 //            {2,3}), so the tokens are stored in the same permuted order: real k-pair rp (0..31) of a
 //            chunk goes to logical pair 8*(rp>>1 & 3) + 4*(rp & 1) + (rp >> 3), i.e. 16-byte unit
 //            rp & 7, word rp >> 3. That is a 4-byte granularity, hence 4-byte cp.async: lane l of a
-//            warp copies pairs (l & 7) + 8c of row (l >> 3) + 4*warp + 32*i, a full 32-byte sector
+//            warp copies pairs (l & 7) + 8c of row (l >> 3) + 4*warp + 32*i (i = 0..4; rows past
+//            144 are skipped), a full 32-byte sector
 //            per row and instruction, bank-conflict free (the word c rotates with the row).
 //            Padding rows are not loaded: they only feed accumulator columns that are discarded.
 //   weights: the block's tiles of the chunk (16 x U x 512 bytes, contiguous in global memory),
@@ -40,10 +46,11 @@
 
 namespace wna16::cuda::gemm {
 
-// Tile config "m128w" (see moe_gemm_launch.cu's table).
-struct CfgM128W {
+// Tile config "m144w" (see moe_gemm_launch.cu's table).
+struct CfgM144W {
   static constexpr int THREADS = 256;  // 2 warpgroups
-  static constexpr int BLOCK_M = 128;  // tokens per m-block (the align block size)
+  static constexpr int BLOCK_M = 144;  // tokens per m-block (the align block size)
+  static constexpr int XROWS = (BLOCK_M + 31) / 32;  // token rows a thread copies per stage
   static constexpr int NTB = 16;       // 16-row weight tiles per block
   static constexpr int BLOCK_N = NTB * 16;
 };
@@ -52,17 +59,20 @@ template <int BITS>
 struct PrefillSmem {
   static constexpr int U = BITS / 4;                 // 16-byte words per lane per tile per chunk
   static constexpr int STAGES = BITS == 4 ? 6 : 5;   // chunks in the ring (STAGES - 2 in flight)
-  static constexpr int kXBytes = CfgM128W::BLOCK_M * 128;  // 16 KB, multiple of 1024
-  static constexpr int kWBytes = CfgM128W::NTB * U * 32 * 16;
-  static constexpr int kMetaBytes = CfgM128W::NTB * 32 * 4;
+  static constexpr int kXBytes = CfgM144W::BLOCK_M * 128;  // 18 KB, multiple of 1024
+  static constexpr int kWBytes = CfgM144W::NTB * U * 32 * 16;
+  static constexpr int kMetaBytes = CfgM144W::NTB * 32 * 4;
   static constexpr int kStage = kXBytes + kWBytes + 2 * kMetaBytes;
   static constexpr int kBytes = STAGES * kStage + 1024;  // + slack to align the ring to 1024 bytes
   static_assert(kStage % 1024 == 0, "every stage's token tile starts on a 1024-byte swizzle atom");
 };
 
+// Accumulators per tile and thread: N / 2 for N token columns, at most the block's.
+constexpr int kWgmmaAcc = CfgM144W::BLOCK_M / 2;
+static_assert(CfgM144W::BLOCK_M % 16 == 0, "wgmma token widths are multiples of 16");
 template <int N, class T>
 struct Wgmma {
-  __device__ static void run(float (&d)[64], const uint32_t (&a)[4], uint64_t desc);
+  __device__ static void run(float (&d)[kWgmmaAcc], const uint32_t (&a)[4], uint64_t desc);
 };
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WNA16_HAVE_WGMMA 1
@@ -105,7 +115,7 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
 
 // One k-step's 2 wgmmas (tile 0 and tile 1 of each warp) with N = 16 * NSEL token columns.
 template <int NSEL, class T>
-__device__ __forceinline__ void prefill_mma_step(float (&acc)[2][64], const uint32_t (&a)[2][4], uint64_t desc) {
+__device__ __forceinline__ void prefill_mma_step(float (&acc)[2][kWgmmaAcc], const uint32_t (&a)[2][4], uint64_t desc) {
 #ifdef WNA16_HAVE_WGMMA
   Wgmma<16 * NSEL, T>::run(acc[0], a[0], desc);
   Wgmma<16 * NSEL, T>::run(acc[1], a[1], desc);
@@ -113,11 +123,12 @@ __device__ __forceinline__ void prefill_mma_step(float (&acc)[2][64], const uint
 }
 
 template <class T, int BITS>
-__global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel(const KParams p) {
+__global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel(const KParams p) {
 #ifdef WNA16_HAVE_WGMMA
   using S = PrefillSmem<BITS>;
   constexpr int U = S::U, STAGES = S::STAGES, PF = STAGES - 2;
-  constexpr int BM = CfgM128W::BLOCK_M, NTB = CfgM128W::NTB, THREADS = CfgM128W::THREADS;
+  constexpr int BM = CfgM144W::BLOCK_M, NTB = CfgM144W::NTB, THREADS = CfgM144W::THREADS;
+  constexpr int XROWS = CfgM144W::XROWS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_src[BM];   // x row feeding each token column; -1: padding
   __shared__ int s_slot[BM];  // slot (token * topk + choice) of each column; -1: padding
@@ -131,7 +142,7 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
   const int nb_count = (p.NT + NTB - 1) / NTB;
   const int64_t total = int64_t(num_mb) * nb_count * p.splits;
   const T* x = static_cast<const T*>(p.x);
-  // This thread's token rows in the x copy: 32*i + 4*warp + (lane >> 3), i = 0..3; all have the
+  // This thread's token rows in the x copy: 32*i + 4*warp + (lane >> 3), i < XROWS; all have the
   // same row & 7, so the swizzled unit of its pairs (lane & 7) + 8c is the same in every row.
   const int xr0 = 4 * warp + (lane >> 3), xp8 = lane & 7;
   const uint32_t xsoff = uint32_t(xr0 * 128 + ((xp8 ^ (xr0 & 7)) << 4));
@@ -159,10 +170,10 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
     // 16-byte unit xp8 of its rows: natural x: real pairs xp8 + 8c (c = 0..3, one 4-byte copy
     // each); k-permuted x: those four pairs are already adjacent, at element 8 * xp8.
     const int kperm = p.x_kperm;  // uniform
-    int xo[4];
+    int xo[XROWS];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = 32 * i + xr0;
+    for (int i = 0; i < XROWS; ++i) {
+      const int r = 32 * i + xr0;  // r < nvalid <= BM: rows past the block are never copied
       xo[i] = r < nvalid ? s_src[r] * int(p.x_stride) + (kperm ? 8 : 2) * xp8 : -1;
     }
     auto load_stage = [&](int kc, int st) {
@@ -170,12 +181,12 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
       if (kperm) {
         // Tokens, k-permuted x: one 16-byte copy per row.
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < XROWS; ++i)
           if (xo[i] >= 0) cp_async16(sb + xsoff + i * 4096, x + (xo[i] + kc * 64));
       } else {
         // Tokens: pair (lane & 7) + 8c of each row; c rotates with the row (bank-conflict free).
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < XROWS; ++i) {
           if (xo[i] < 0) continue;
           const T* src = x + (xo[i] + kc * 64);
 #pragma unroll
@@ -209,7 +220,8 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
       }
     };
 
-    const int nsel = (nvalid + 15) >> 4;  // token columns / 16 of the wgmmas (1..8)
+    const int nsel = (nvalid + 15) >> 4;  // token columns / 16 of the wgmmas (1..BM / 16)
+    static_assert(BM / 16 == 9, "the token-width switch below covers 1..9 sixteen-column groups");
 
 #pragma unroll
     for (int s = 0; s < PF; ++s) {
@@ -220,11 +232,11 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
     // fence / 2 wgmmas / commit. Tried and rejected (ptxas 13.0 serialised the wgmmas): a switch
     // around the wgmmas only (C7520, compiler-inserted arrive in a divergent path); one k-loop
     // copy per width (C7511 / C7512 / C7515: register pressure of the copies, moves at the merge).
-    float acc[2][64];
+    float acc[2][kWgmmaAcc];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int e = 0; e < 64; ++e) acc[i][e] = 0.0f;
+      for (int e = 0; e < kWgmmaAcc; ++e) acc[i][e] = 0.0f;
     uint32_t a[2][2][4];  // [k-step buffer][tile][register]
     int st = 0, st_load = PF;  // stage of chunk kt, stage of chunk kt + PF
     for (int kt = 0; kt < nk; ++kt) {
@@ -267,7 +279,8 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
             case 5: wgmma_fence(); prefill_mma_step<5, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
             case 6: wgmma_fence(); prefill_mma_step<6, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
             case 7: wgmma_fence(); prefill_mma_step<7, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
-            default: wgmma_fence(); prefill_mma_step<8, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
+            case 8: wgmma_fence(); prefill_mma_step<8, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
+            default: wgmma_fence(); prefill_mma_step<9, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
           }
         }
       }
@@ -286,7 +299,7 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
     // acc[tile] for weight row g (row g + 8: a + 2).
     auto each_token = [&](auto&& f) {
 #pragma unroll
-      for (int t = 0; t < 16; ++t) {
+      for (int t = 0; t < BM / 8; ++t) {
         if (t >= nact) break;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -297,7 +310,7 @@ __global__ void __launch_bounds__(CfgM128W::THREADS, 1) wna16_moe_prefill_kernel
     };
     if (p.epilogue == 0) {
       // Tiles (tile0, tile0 + 1) = gate, up of intermediate columns 16 * (tile0 / 2) + g (+8),
-      // stored at their k-permuted positions for an m128w GEMM2 (out_kperm).
+      // stored at their k-permuted positions for an m144w GEMM2 (out_kperm).
       const int c_lo = (tile0 / 2) * 16 + g, c_hi = c_lo + 8;
       const int o_lo = p.out_kperm ? int(kperm_pos(c_lo)) : c_lo, o_hi = p.out_kperm ? int(kperm_pos(c_hi)) : c_hi;
       if (c_lo < p.N / 2)
@@ -338,16 +351,16 @@ int prepare_prefill() {
     auto kern = wna16_moe_prefill_kernel<T, BITS>;
     const DeviceInfo di = device_info();
     if (S::kBytes > di.max_smem_optin)
-      throw Error("tile config m128w needs " + std::to_string(S::kBytes) + " bytes of shared memory; the device allows " +
+      throw Error("tile config m144w needs " + std::to_string(S::kBytes) + " bytes of shared memory; the device allows " +
                   std::to_string(di.max_smem_optin));
     WNA16_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
     int has_wgmma = 0;
     WNA16_CUDA_CHECK(cudaMemcpyFromSymbol(&has_wgmma, kPrefillHasWgmma, sizeof(int)));
     if (!has_wgmma)
-      throw Error("tile config m128w needs the sm_90a build (wgmma); this binary's code for the device has none");
+      throw Error("tile config m144w needs the sm_90a build (wgmma); this binary's code for the device has none");
     int n = 0;
-    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, CfgM128W::THREADS, S::kBytes));
-    if (n < 1) throw Error("tile config m128w cannot be resident on this device");
+    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, CfgM144W::THREADS, S::kBytes));
+    if (n < 1) throw Error("tile config m144w cannot be resident on this device");
     blocks_per_sm = n;
   });
   return blocks_per_sm;
@@ -357,12 +370,12 @@ template <class T, int BITS>
 void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream) {
   using S = PrefillSmem<BITS>;
   const int bps = prepare_prefill<T, BITS>();
-  const int64_t nb_count = (kp.NT + CfgM128W::NTB - 1) / CfgM128W::NTB;
+  const int64_t nb_count = (kp.NT + CfgM144W::NTB - 1) / CfgM144W::NTB;
   const int64_t upper = upper_mblocks * nb_count * kp.splits;
   // Up to 4 waves of resident blocks (one item each, the hardware balances uneven SMs); beyond
   // that the persistent loop.
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, 4 * int64_t(device_info().sms) * bps));
-  wna16_moe_prefill_kernel<T, BITS><<<dim3(unsigned(grid)), dim3(CfgM128W::THREADS), S::kBytes, stream>>>(kp);
+  wna16_moe_prefill_kernel<T, BITS><<<dim3(unsigned(grid)), dim3(CfgM144W::THREADS), S::kBytes, stream>>>(kp);
   WNA16_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,4 +1,4 @@
-// Instantiations of the wgmma prefill kernel (config m128w) for 4-bit weights, both activation types.
+// Instantiations of the wgmma prefill kernel (config m144w) for 4-bit weights, both activation types.
 #include "cuda/sm90_wna16_moe_prefill.cuh"
 
 namespace wna16::cuda::gemm {

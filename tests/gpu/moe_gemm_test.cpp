@@ -90,7 +90,7 @@ struct GemmCase {
   int splits = 0;     // GEMM2 split-K; 0: choose_splits
   bool diag = false;  // print the first mismatching (position, column) entries and a histogram
   bool tiles4 = false;  // decode kernel: the 4-tile variant (two tile pairs per warp; int4 only)
-  bool kperm = false;   // m128w: x and the intermediate k-permuted (GemmRun::x_kperm / out_kperm)
+  bool kperm = false;   // m144w: x and the intermediate k-permuted (GemmRun::x_kperm / out_kperm)
   bool handoff = false;  // decode kernel: the m-block handoff counters (GemmRun::mb_done, item_claim)
 };
 
@@ -316,18 +316,18 @@ void run_gemm_case(const GemmCase& c) {
 TEST(MoeGemm, EveryConfigBitsDtypeAndGroup) {
   WNA16_REQUIRE_GPU();
   const int64_t Ms[] = {1, 3, 17, 118};
-  // 128-token m-blocks (config m128w; 4 experts get tokens, ~M/2 each): 300 -> a full block and a
-  // block of ~22 (several m-blocks per expert), 190 -> ~95 (both 64-token halves), 97 -> ~48 (one
-  // half), 41 -> ~20 (a 16- or 32-token wgmma).
-  const int64_t Ms128[] = {300, 190, 97, 41};
+  // 144-token m-blocks (config m144w; 4 experts get tokens, ~M/2 each): 300 -> a full block (the
+  // 144-column wgmma) and a block of ~6 (several m-blocks per expert), 190 -> ~95, 97 -> ~48,
+  // 41 -> ~20 (a 16- or 32-token wgmma).
+  const int64_t MsPrefill[] = {300, 190, 97, 41};
   const int64_t gls[] = {32, 64, 128, 0};
   int i = 0, j = 0;
   for (int bits : {4, 8})
     for (DType act : {DType::BF16, DType::F16})
       for (int config = 0; config < gemm_config_count(); ++config) {
         // Rotate group lengths / zero points through the cases to keep the suite fast.
-        if (gemm_config_block_m(config) >= 128) {
-          run_gemm_case({bits, act, gls[j % 4], (j % 2) != 0, config, Ms128[j % 4]});
+        if (gemm_config_takes_kperm(config)) {  // the wgmma prefill config
+          run_gemm_case({bits, act, gls[j % 4], (j % 2) != 0, config, MsPrefill[j % 4]});
           ++j;
           continue;
         }
@@ -347,15 +347,15 @@ int config_named(const char* name) {
   return -1;
 }
 
-// The wgmma prefill kernel (config m128w) with diagnostics: on a mismatch it prints the first bad
+// The wgmma prefill kernel (config m144w) with diagnostics: on a mismatch it prints the first bad
 // (padded position, token, column) entries and how the bad ones spread over the token column of
 // the m-block and the output column, so a fragment / swizzle / k-permutation bug shows its pattern
 // from one GPU run. Token counts: several m-blocks per expert, one and both 64-token halves, a
 // 16-token tail; int4 and int8, bf16 and f16, sym and asym, per-lane groups (32) and long ones.
 TEST(MoeGemm, PrefillWgmmaDiagnostics) {
   WNA16_REQUIRE_GPU();
-  const int config = config_named("m128w");
-  ASSERT_GE(config, 0) << "config m128w is not in the table";
+  const int config = config_named("m144w");
+  ASSERT_GE(config, 0) << "config m144w is not in the table";
   const struct {
     int bits;
     DType act;
@@ -397,7 +397,7 @@ DeviceGemm tiny_host_gemm(const int* dummy) {
 }
 
 TEST(MoeGemm, PrefillRefusesActOrder) {
-  const int config = config_named("m128w");
+  const int config = config_named("m144w");
   ASSERT_GE(config, 0);
   if (!std::getenv("WNA16_NO_WGMMA_PREFILL") && !std::getenv("WNA16_PREFILL_MIN_TOKENS")) {
     EXPECT_EQ(choose_gemm_config(4096, 8, 256, false), config);  // DeepSeek-V3 prefill: ~128 per expert
@@ -410,9 +410,9 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
   r.config = config;
   try {
     launch_moe_gemm(d, r, nullptr);
-    FAIL() << "act-order accepted by m128w";
+    FAIL() << "act-order accepted by m144w";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("m128w"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("m144w"), std::string::npos) << e.what();
   }
 }
 
@@ -465,7 +465,7 @@ TEST(MoeGemm, ExpectedMblocksMatchesSampling) {
 
 // The k-permuted activation layout (host-only): a bijection inside each 64-element chunk that keeps
 // element pairs together and stores real pair 8w + u at pair position 4u + w; and the launcher
-// refuses it outside m128w, on a misaligned x, or on a GEMM2 output.
+// refuses it outside m144w, on a misaligned x, or on a GEMM2 output.
 TEST(MoeGemm, KpermLayoutAndRefusals) {
   std::vector<int> seen(128, 0);
   for (int64_t k = 0; k < 128; ++k) {
@@ -498,8 +498,8 @@ TEST(MoeGemm, KpermLayoutAndRefusals) {
     return std::string("<accepted>");
   };
   r.config = config_named("m64");
-  EXPECT_NE(refusal(r).find("m128w only"), std::string::npos) << refusal(r);
-  r.config = config_named("m128w");
+  EXPECT_NE(refusal(r).find("m144w only"), std::string::npos) << refusal(r);
+  r.config = config_named("m144w");
   r.x = reinterpret_cast<const char*>(dummy) + 2;
   EXPECT_NE(refusal(r).find("16-byte aligned"), std::string::npos) << refusal(r);
   r.x = dummy;

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Host-side check of the m128w token-tile layout (sm90_wna16_moe_prefill.cuh): the 4-byte cp.async
+"""Host-side check of the m144w token-tile layout (sm90_wna16_moe_prefill.cuh): the 4-byte cp.async
 writer map, the wgmma K-major 128B-swizzle read model (start + 32 bytes per k-step, 8-row groups 1024
 bytes apart, 16-byte unit c of row r at c ^ (r & 7)) and the packed A fragment (moe_gemm.h) agree
 on which (token, real k) each wgmma operand element is; and the writes are bank-conflict free."""
+BM = 144  # token rows of an m-block (CfgM144W::BLOCK_M)
+
 def token_copies():
     """Each thread's token-tile rows: (lane, row, 16-byte unit p8, the unit's swizzled byte offset)."""
     for warp in range(8):
         for lane in range(32):
-            for i in range(4):
+            for i in range((BM + 31) // 32):
                 row = 32*i + 4*warp + (lane >> 3); p8 = lane & 7
+                if row >= BM: continue
                 xr0 = 4*warp + (lane >> 3)
                 yield lane, row, p8, xr0*128 + ((p8 ^ (xr0 & 7)) << 4) + i*4096
 
@@ -23,7 +26,7 @@ for lane, row, p8, xsoff in token_copies():
         for e in range(2):
             assert off + 2*e not in store
             store[off + 2*e] = (row, 2*rp + e)
-assert len(store) == 128*64
+assert len(store) == BM*64 and max(store) < BM*128
 # wgmma B read model (K-major, SW128, SBO 1024, start + 32 s)
 def b_addr(n, kk, s):
     a = (n//8)*1024 + (n % 8)*128 + 32*s + 2*kk
@@ -36,7 +39,7 @@ for s in range(4):
             for e in range(2):
                 real_k = 16*tig + 4*s + 2*(r >> 1) + e
                 kk = 2*tig + e + 8*(r >> 1)       # mma A column of register r
-                for n in range(128):
+                for n in range(BM):
                     row, k = store[b_addr(n, kk, s)]
                     if row != n or k != real_k: bad += 1
 print("mismatches", bad)

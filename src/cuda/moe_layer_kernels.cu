@@ -402,8 +402,7 @@ __global__ void append_shared_kernel(const int32_t* __restrict__ ids, const floa
 // One thread per (row, 64-element chunk). kVec: 16-byte loads and stores of the chunk's 32 pairs
 // (word 8w + u goes to word 4u + w); else element by element (x with only 2-byte alignment).
 template <bool kVec>
-__global__ void kperm_rows_kernel(const uint16_t* __restrict__ x, uint16_t* __restrict__ y, int64_t n_chunks,
-                                  int64_t chunks_per_row) {
+__global__ void kperm_rows_kernel(const uint16_t* __restrict__ x, uint16_t* __restrict__ y, int64_t n_chunks) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_chunks; i += int64_t(gridDim.x) * blockDim.x) {
     const uint16_t* src = x + i * 64;
     uint16_t* dst = y + i * 64;
@@ -428,7 +427,6 @@ __global__ void kperm_rows_kernel(const uint16_t* __restrict__ x, uint16_t* __re
       }
     }
   }
-  (void)chunks_per_row;
 }
 
 // A programmatic dependent of the layer's GEMM2: launched while GEMM2 still runs, it waits
@@ -619,9 +617,9 @@ void launch_kperm_rows(const void* x, void* y, int64_t M, int64_t H, Stream stre
   const auto* xs = static_cast<const uint16_t*>(x);
   auto* ys = static_cast<uint16_t*>(y);
   if (reinterpret_cast<uintptr_t>(x) % 16 == 0)
-    kperm_rows_kernel<true><<<grid_for(n_chunks, threads), threads, 0, s>>>(xs, ys, n_chunks, H / 64);
+    kperm_rows_kernel<true><<<grid_for(n_chunks, threads), threads, 0, s>>>(xs, ys, n_chunks);
   else
-    kperm_rows_kernel<false><<<grid_for(n_chunks, threads), threads, 0, s>>>(xs, ys, n_chunks, H / 64);
+    kperm_rows_kernel<false><<<grid_for(n_chunks, threads), threads, 0, s>>>(xs, ys, n_chunks);
   WNA16_CUDA_CHECK_LAUNCH();
 }
 

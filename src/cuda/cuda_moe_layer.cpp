@@ -4,17 +4,19 @@
 //   -> routing (also appends the shared-expert slots) -> align (route_and_align); programmatic
 //      dependent launches
 //   -> GEMM1 (gate/up, SiLU*up, intermediate in act dtype; a programmatic dependent of align that
-//      waits for it first)
+//      waits for it first, but at decode runs the shared slices' m-blocks before that wait)
 //   -> GEMM2 (x routing weight, fp32 atomics into out_f32: the top-k sum and split-K partials;
 //      programmatic dependent of GEMM1)
 //   -> cast to act (programmatic dependent of GEMM2: waits for its completion before reading).
 // No allocation and no host synchronisation inside forward(); it can be captured in a CUDA graph.
 //
-// Kernel experts: the E routed experts, then the shared expert(s) cut into S = ceil(shared_inter/I)
-// slices of width I (SwiGLU is elementwise along I and down is linear in it, so the slices' outputs
-// add up to the shared MLP's). Every token takes the S slices as extra choices with weight 1
-// (Plain) or sigmoid(x . shared_gate) (SigmoidGated). Columns past shared_inter in the last slice
-// are zero (scale 0 for gate/up: silu(0)*0 = 0).
+// Kernel experts: the shared expert(s) cut into S = ceil(shared_inter/I) slices of width I (SwiGLU
+// is elementwise along I and down is linear in it, so the slices' outputs add up to the shared
+// MLP's), then the E routed experts (kernel expert S + e). Every token takes the S slices as extra
+// choices with weight 1 (Plain) or sigmoid(x . shared_gate) (SigmoidGated). Columns past
+// shared_inter in the last slice are zero (scale 0 for gate/up: silu(0)*0 = 0). Shared slices
+// first: their m-blocks lead the align output at positions known before routing, so the decode
+// GEMM1 runs them while the routing chain still runs (GemmRun::pre_wait_slices).
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -81,6 +83,17 @@ bool debug_sync() {
   static const bool on = std::getenv("WNA16_CUDA_DEBUG_SYNC") != nullptr;
   return on;
 }
+// WNA16_DIAG_STAGES=N (a timing diagnostic, never for results): forward() launches only its first
+// N stages (1 router logits, 2 routing, 3 align, 4 GEMM1, 5 GEMM2, 6 the cast) and leaves the output
+// unwritten, so a benchmark of N and N-1 stages times what stage N adds on the critical path.
+bool diag_skip(int stage) {
+  static const int stages = [] {
+    const char* v = std::getenv("WNA16_DIAG_STAGES");
+    return v ? std::atoi(v) : 6;
+  }();
+  return stage > stages;
+}
+
 void stage_done(const char* what, cudaStream_t st) {
   if (!debug_sync()) return;
   const cudaError_t e = cudaStreamSynchronize(st);
@@ -269,11 +282,12 @@ void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) 
       WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(zr.p) + e2 * m_words, pk.zeros.data(), m_words * 4,
                                   cudaMemcpyHostToDevice));
   };
-  // Builds and uploads GEMM1 and GEMM2 of kernel expert e2 (routed e2 < E, else shared slice).
+  // Builds and uploads GEMM1 and GEMM2 of kernel expert e2 (shared slice e2 < S, else routed e2 - S).
   auto pack_one = [&](int e2) {
-    const ExpertWeights& src = e2 < E ? w.experts[size_t(e2)] : *w.shared;
-    const std::string name = e2 < E ? fmt::format("expert {}", e2) : std::string("shared expert");
-    const int64_t slice0 = e2 < E ? 0 : int64_t(e2 - E) * I;  // first intermediate column of the slice
+    const bool routed = e2 >= S;
+    const ExpertWeights& src = routed ? w.experts[size_t(e2 - S)] : *w.shared;
+    const std::string name = routed ? fmt::format("expert {}", e2 - S) : std::string("shared expert");
+    const int64_t slice0 = routed ? 0 : int64_t(e2) * I;  // first intermediate column of the slice
     const UnpackedLinear ug = unpack(src.gate), uu = unpack(src.up), ud = unpack(src.down);
     const int64_t Isrc = ug.N;  // I, or shared_inter
     const std::vector<int32_t> pg = act_order_perm(ug), pu = act_order_perm(uu), pd = act_order_perm(ud);
@@ -486,12 +500,14 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate,
                        reinterpret_cast<float*>(ws + L.acc), zero_n, st);
   stage_done("router logits", st);
+  if (diag_skip(2)) return;
   // With shared slices the routing writes [M, k + S] straight into ids2 / w2 (no append kernel).
   auto* ids2 = reinterpret_cast<int32_t*>(ws + (S > 0 ? L.ids2 : L.ids));
   auto* w2 = reinterpret_cast<float*>(ws + (S > 0 ? L.w2 : L.w));
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
                              ids2, w2, st);
   stage_done("routing", st);
+  if (diag_skip(3)) return;
   launch_align(ids2, M * k2, E2, block_m, reinterpret_cast<int32_t*>(ws + L.sorted),
                reinterpret_cast<int32_t*>(ws + L.eids), reinterpret_cast<int32_t*>(ws + L.ntpp), st);
   stage_done("align", st);
@@ -525,6 +541,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   const cudaStream_t st = c.st;
   char* ws = c.ws;
   GemmRun r = d.align_driven_run(act, config, M, ws, L);
+  if (diag_skip(4)) return;
 
   d.set_gemm1(r, x, ws, L);
   // Prefill (m144w): x and the intermediate travel k-permuted, so the kernel copies token rows
@@ -542,6 +559,11 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   // overlap the align step's tail. A/B switch: WNA16_NO_GEMM1_PDL=1 (a plain launch).
   static const bool no_gemm1_pdl = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
   r.overlap_previous = r.wait_first = !no_gemm1_pdl;
+  // The decode kernel runs the shared slices' m-blocks (kernel experts 0..S-1, laid out first,
+  // tables known from M) before it waits for the align step: their weights stream while the
+  // routing chain runs (GemmRun::pre_wait_slices). A/B switch: WNA16_NO_PRE_WAIT=1.
+  static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
+  if (!no_pre_wait && r.wait_first && config == 0 && !d.g1.perm && !d.g1.perm_up) r.pre_wait_slices = d.S;
   // Both GEMMs on the decode kernel: GEMM2 starts on each m-block as soon as GEMM1 has stored it
   // (GemmRun::mb_done), so it runs in the slots GEMM1's last partial round leaves idle; where
   // GEMM1 is too small to leave any (mb_handoff_pays), GEMM2 waits for the whole GEMM1 grid. A/B
@@ -553,8 +575,10 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   if (handoff) r.mb_done = reinterpret_cast<int32_t*>(ws + L.handoff);
   launch_moe_gemm(d.g1, r, st);
   stage_done("GEMM1 (gate/up)", st);
+  if (diag_skip(5)) return;
 
   r.wait_first = false;
+  r.pre_wait_slices = 0;
   r.out_kperm = false;  // GEMM2 writes the fp32 accumulator; its input (the intermediate) is k-permuted with kperm
   d.set_gemm2(r, c.acc, c.w2, ws, L);
   r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);
@@ -565,6 +589,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   }
   launch_moe_gemm(d.g2, r, st);
   stage_done("GEMM2 (down)", st);
+  if (diag_skip(6)) return;
 
   // A programmatic dependent of GEMM2 (which releases its dependents early): the cast's set-up
   // overlaps GEMM2's tail and its griddepcontrol.wait waits for GEMM2's completion and flush.

@@ -152,6 +152,15 @@ struct GemmRun {
   int32_t* mb_done = nullptr;
   int mb_done_target = 0;
   int32_t* item_claim = nullptr;
+  // Decode-kernel GEMM1 (SiluMul, config m8 without act-order) with overlap_previous and
+  // wait_first, over all m-blocks (mb_begin 0, mb_count < 0): kernel experts 0..S-1 (S =
+  // pre_wait_slices <= topk) are slices of a shared expert that every token takes as its last S
+  // choices (slot t * topk + topk - S + s), so the align step lays them out first, ceil(M / 8)
+  // m-blocks each with the tokens in order. The kernel computes those m-blocks' tables itself and
+  // runs them before griddepcontrol.wait, while the routing chain before it still runs; it waits
+  // before the other m-blocks and before any mb_done release. x must be complete before the
+  // previous kernels started (the layer's input). 0: off.
+  int pre_wait_slices = 0;
 };
 
 // The prefill kernel's k-permuted activation layout: inside each 64-element chunk of a row, the

@@ -360,6 +360,14 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   if (r.epilogue == GemmEpilogue::WeightedSum && r.mb_done && (r.mb_done_target < 1 || !r.item_claim))
     throw Error("GEMM2's m-block handoff needs mb_done_target >= 1 (is " + std::to_string(r.mb_done_target) +
                 ") and an item_claim counter");
+  if (r.pre_wait_slices != 0 &&
+      (r.pre_wait_slices < 0 || r.pre_wait_slices > r.topk || r.pre_wait_slices > w.E || r.config != 0 || w.perm ||
+       w.perm_up || r.epilogue != GemmEpilogue::SiluMul || !r.overlap_previous || !r.wait_first || r.mb_begin != 0 ||
+       r.mb_count >= 0))
+    throw Error("pre_wait_slices=" + std::to_string(r.pre_wait_slices) +
+                " needs 0 < S <= topk (" + std::to_string(r.topk) + ") and <= E (" + std::to_string(w.E) +
+                "), the decode kernel (config m8 without act-order), the SiluMul epilogue, overlap_previous and "
+                "wait_first, over all m-blocks (mb_begin 0, mb_count < 0)");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
     throw Error("gate/up GEMM N=" + std::to_string(w.N) + " (2*I) is not a multiple of 32");
   if (r.epilogue == GemmEpilogue::SiluMul && r.splits != 1)
@@ -447,6 +455,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
   static const bool no_pdl = std::getenv("WNA16_NO_GEMM_PDL") != nullptr;  // A/B switch
   kp.pdl = r.overlap_previous && !no_pdl ? (r.wait_first ? 2 : 1) : 0;
+  kp.pre_slices = kp.pdl == 2 ? r.pre_wait_slices : 0;  // a plain launch has nothing to run ahead of
   if (r.config == 0 && !w.perm) {
     // Decode kernel: the work shape (warps per unit along K, pairs per warp where the variant is
     // allowed) of the shortest modelled critical path on the expected m-blocks.

@@ -382,23 +382,6 @@ __global__ void __launch_bounds__(kTileThreads)
   cluster.sync();  // a CTA's shared memory must outlive the other CTAs' reads of it
 }
 
-__global__ void append_shared_kernel(const int32_t* __restrict__ ids, const float* __restrict__ w,
-                                     const float* __restrict__ gate_logit, int64_t M, int k, int S, int E,
-                                     int32_t* __restrict__ ids2, float* __restrict__ w2) {
-  const int k2 = k + S;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < M * k2; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t m = i / k2;
-    const int j = int(i % k2);
-    if (j < k) {
-      ids2[i] = ids[m * k + j];
-      w2[i] = w[m * k + j];
-    } else {
-      ids2[i] = E + (j - k);
-      w2[i] = gate_logit ? 1.0f / (1.0f + expf(-gate_logit[m])) : 1.0f;
-    }
-  }
-}
-
 // One thread per (row, 64-element chunk). kVec: 16-byte loads and stores of the chunk's 32 pairs
 // (word 8w + u goes to word 4u + w); else element by element (x with only 2-byte alignment).
 template <bool kVec>
@@ -595,15 +578,6 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
   };
   if (act == DType::BF16) run(__nv_bfloat16{});
   else run(__half{});
-  WNA16_CUDA_CHECK_LAUNCH();
-}
-
-void launch_append_shared(const int32_t* ids, const float* weights, const float* gate_logit, int64_t M, int k,
-                          int S, int E, int32_t* ids2, float* weights2, Stream stream) {
-  if (M <= 0) return;
-  const int threads = 256;
-  append_shared_kernel<<<grid_for(M * (k + S), threads), threads, 0, static_cast<cudaStream_t>(stream)>>>(
-      ids, weights, gate_logit, M, k, S, E, ids2, weights2);
   WNA16_CUDA_CHECK_LAUNCH();
 }
 

@@ -17,13 +17,10 @@ using Stream = void*;
 void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const float* router, int E, int E_ext,
                           float* logits, float* gate_logit, float* zero, int64_t zero_n, Stream stream);
 
-// Appends the S shared-expert slices as extra choices of every token: ids2[m, 0..k) = ids[m, :],
-// ids2[m, k+s] = E + s with weight 1 (gate_logit null) or sigmoid(gate_logit[m]).
-void launch_append_shared(const int32_t* ids, const float* weights, const float* gate_logit, int64_t M, int k,
-                          int S, int E, int32_t* ids2, float* weights2, Stream stream);
-
-// launch_routing (wna16/cuda_kernels.h) on fp32 logits with the append step above fused in:
-// ids2 / weights2 are [M, top_k + S] (S may be 0). Launched with programmatic dependent launch;
+// launch_routing (wna16/cuda_kernels.h) on fp32 logits, with the S shared-expert slices as extra
+// choices of every token: ids2 / weights2 are [M, top_k + S] (S may be 0); ids2[m, top_k + s] = s
+// with weight 1 (gate_logit null) or sigmoid(gate_logit[m]), and the routed ids are offset by S
+// (the layer's kernel experts: the shared slices first, so their m-blocks lead the align output). Launched with programmatic dependent launch;
 // the kernel waits for the previous kernel in the stream before its first global access.
 void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias,
                                 const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream);

@@ -61,7 +61,8 @@ struct RouteParams {
   int32_t* ids;      // [M, ld]
   float* weights;    // [M, ld]
   int64_t ld;        // top_k + S
-  int S;             // shared-expert slices appended as choices top_k.. with ids E..E+S-1
+  int S;             // shared-expert slices appended as choices top_k.. with ids 0..S-1; the routed
+                     // ids are then offset by S (the layer's kernel experts: shared slices first)
   const float* gate_logit;  // [M]: their weight is sigmoid(gate_logit[m]); null: weight 1
 };
 
@@ -314,7 +315,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
   w *= p.scale;
   const int64_t row = m * p.ld;
   if (chosen) {
-    p.ids[row + lane] = my_id;
+    p.ids[row + lane] = my_id + p.S;
     p.weights[row + lane] = w;
   }
   // The S shared-expert slices as extra choices (the layer's append step, fused).
@@ -322,7 +323,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
     float sw = 1.f;
     if (p.gate_logit) sw = 1.0f / (1.0f + expf(-gate_logit));
     for (int s = lane; s < p.S; s += 32) {
-      p.ids[row + p.top_k + s] = E + s;
+      p.ids[row + p.top_k + s] = s;
       p.weights[row + p.top_k + s] = sw;
     }
   }

@@ -88,17 +88,27 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   // (below), so its first weights stream while that kernel finishes. pdl == 2 (GEMM1 after the
   // align step, whose tables drive it): wait first, and release the next kernel (GEMM2, which
   // reads the same tables before its own wait) only after that.
-  if (p.pdl == 2) asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  bool waited = p.pdl == 2;
+  // Ahead of the wait (p.pre_slices, GemmRun::pre_wait_slices): the shared slices' m-blocks lead
+  // the align output with tables known from M alone, so the blocks that start on them stream
+  // those weights while the routing chain runs, and wait (and release the next kernel) after.
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tig = lane & 3;
   const int kw = p.decode_kw;                      // warps per unit (PPW tile pairs) along K
   const int wp = warp / kw, wk = warp % kw;        // unit within the block, k-slice
   const int units_per_block = kDecodeWarps / kw;
-  const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
   const int nb_count = ((p.NT / NTW) + units_per_block - 1) / units_per_block;
-  const int64_t total = int64_t(num_mb) * nb_count * p.splits;
+  const int pre_tokens = p.num_slots / p.topk;
+  const int pre_mps = (pre_tokens + kDecodeBM - 1) / kDecodeBM;  // m-blocks per shared slice
+  const int64_t pre_total = int64_t(p.pre_slices) * pre_mps * nb_count * p.splits;
+  bool tables = !(p.pdl == 2 && int64_t(blockIdx.x) < pre_total);  // the align tables may be read
+  if (p.pdl == 2 && tables) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (tables) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  bool waited = p.pdl == 2;  // x is ready (pdl 2: x precedes the whole routing chain)
+  auto total_items = [&] {
+    const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
+    return int64_t(num_mb) * nb_count * p.splits;
+  };
+  int64_t total = tables ? total_items() : pre_total;
   const T* x = static_cast<const T*>(p.x);
   const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
   const int mstride = p.NT * 8;                    // meta words per group
@@ -127,9 +137,35 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
   };
 
-  for (int64_t item = blockIdx.x; item < total; item = next_item(item)) {
+  // A shared slice's item ahead of the wait: expert = slice (mb_begin is 0).
+  auto pre_item = [&](int64_t item) {
+    WorkItem w;
+    w.split = int(item % p.splits);
+    const int64_t rest = item / p.splits;
+    w.nb = int(rest % nb_count);
+    w.mb = int(rest / nb_count);
+    w.expert = w.mb / pre_mps;
+    return w;
+  };
+  // Whether this warp adds to mb_done for its item (see the skips and the epilogue below).
+  auto releases = [&](int nb) { return wk == 0 && !(PPW > 1 && NTW * (nb * units_per_block + wp) >= p.NT); };
+
+  for (int64_t item = blockIdx.x;; item = next_item(item)) {
+    if (!tables && item >= pre_total) {
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+      asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+      tables = true;
+      // The items run ahead stored their m-blocks before the wait; the counters (zeroed by the
+      // chain's first kernel) may take their releases only now.
+      for (int64_t j = blockIdx.x; j < pre_total; j += gridDim.x) {
+        const WorkItem pj = pre_item(j);
+        if (releases(pj.nb)) release_mb(pj.mb);
+      }
+      total = total_items();
+    }
+    if (item >= total) break;
     if (p.item_claim && threadIdx.x == 0) next_claim = int(gridDim.x) + atomicAdd(p.item_claim, 1);
-    const WorkItem it = decode_item(p, item, nb_count);
+    const WorkItem it = tables ? decode_item(p, item, nb_count) : pre_item(item);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     if (expert < 0) continue;  // block-uniform
     const int unit = nb * units_per_block + wp;
@@ -138,14 +174,20 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     // follows with kw = 1, and kw = 2, 4 blocks divide NT exactly).
     if constexpr (PPW > 1)
       if (nt0 >= p.NT) continue;
-    // Lane c < 8 holds token column c's slot (-1: padding); valid columns form a prefix.
+    // Lane c < 8 holds token column c's slot (-1: padding); valid columns form a prefix. Ahead of
+    // the wait: token t = (mb % pre_mps) * 8 + c takes its slice as choice topk - pre_slices + slice.
     int slot = -1;
     if (lane < kDecodeBM) {
-      const int s = __ldg(p.sorted_ids + int64_t(mb) * kDecodeBM + lane);
-      slot = (s >= 0 && s < p.num_slots) ? s : -1;
+      if (tables) {
+        const int s = __ldg(p.sorted_ids + int64_t(mb) * kDecodeBM + lane);
+        slot = (s >= 0 && s < p.num_slots) ? s : -1;
+      } else {
+        const int t = (mb % pre_mps) * kDecodeBM + lane;
+        slot = t < pre_tokens ? t * p.topk + p.topk - p.pre_slices + expert : -1;
+      }
     }
     if (__ballot_sync(0xffffffffu, slot >= 0) == 0) {  // block-uniform
-      if (wk == 0) release_mb(mb);
+      if (wk == 0 && tables) release_mb(mb);
       continue;
     }
     // B operand: lane (g, tig) feeds token column g with real k 16*tig .. +16 of each chunk.
@@ -426,7 +468,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         }
       }
     }
-    release_mb(mb);
+    if (tables) release_mb(mb);  // else after the wait
   }
 }
 

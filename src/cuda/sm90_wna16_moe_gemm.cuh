@@ -293,6 +293,7 @@ struct KParams {
   int32_t* mb_done;      // decode kernel only, null: none. GEMM1: tile pairs stored per m-block;
   int mb_done_target;    // GEMM2: waits per m-block for mb_done[mb] >= mb_done_target
   int32_t* item_claim;   // decode kernel only, GEMM2 with mb_done: work items taken from this counter
+  int pre_slices;        // decode kernel only, GEMM1 with pdl == 2: GemmRun::pre_wait_slices
 };
 
 // A work item of the persistent loops (staged, decode and prefill kernels): (m-block, n-block,

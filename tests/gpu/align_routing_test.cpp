@@ -719,8 +719,8 @@ TEST_F(RoutingGpu, TopChoicesInOneLane) {
   }
 }
 
-// The layer's routing launch: [M, top_k + S] with the S shared slices appended (id E + s, weight 1
-// or sigmoid(gate_logit[m])), launched with programmatic dependent launch.
+// The layer's routing launch: [M, top_k + S] with the S shared slices appended (id s, weight 1 or
+// sigmoid(gate_logit[m])) and the routed ids offset by S, launched with programmatic dependent launch.
 TEST_F(RoutingGpu, SharedSlotsAppended) {
   WNA16_REQUIRE_GPU();
   using RM = RoutingMethod;
@@ -751,7 +751,7 @@ TEST_F(RoutingGpu, SharedSlotsAppended) {
           RoutingRun routed;
           for (int64_t m = 0; m < M; ++m)
             for (int j = 0; j < k; ++j) {
-              routed.ids.push_back(gi[size_t(m * k2 + j)]);
+              routed.ids.push_back(gi[size_t(m * k2 + j)] - S);
               routed.weights.push_back(gw[size_t(m * k2 + j)]);
             }
           const std::string what = "S=" + std::to_string(S) + (gated ? " gated" : "");
@@ -759,7 +759,7 @@ TEST_F(RoutingGpu, SharedSlotsAppended) {
           for (int64_t m = 0; m < M; ++m)
             for (int s2 = 0; s2 < S; ++s2) {
               const double want = gated ? 1.0 / (1.0 + std::exp(-double(gate[size_t(m)]))) : 1.0;
-              EXPECT_EQ(gi[size_t(m * k2 + k + s2)], E + s2) << what << " M=" << M << " m=" << m;
+              EXPECT_EQ(gi[size_t(m * k2 + k + s2)], s2) << what << " M=" << M << " m=" << m;
               EXPECT_NEAR(gw[size_t(m * k2 + k + s2)], want, 1e-6 * want) << what << " M=" << M << " m=" << m;
             }
         }
@@ -797,8 +797,8 @@ TEST_F(RoutingGpu, GraphReplayOfRoutingAndAlignChain) {
       const Routing ref = route_reference(c, L.f32.data(), M, bias.data());
       std::vector<int32_t> want(static_cast<size_t>(n));
       for (int64_t m = 0; m < M; ++m) {
-        for (int j = 0; j < k; ++j) want[size_t(m * k2 + j)] = ref.ids[size_t(m * k + j)];
-        want[size_t(m * k2 + k)] = E;
+        for (int j = 0; j < k; ++j) want[size_t(m * k2 + j)] = ref.ids[size_t(m * k + j)] + S;
+        want[size_t(m * k2 + k)] = 0;  // the shared slice
       }
       EXPECT_EQ(ids2, want) << "M=" << M << " replay " << rep;
       EXPECT_EQ(compare_align(a, want, E2, block_m), "") << "M=" << M << " replay " << rep;

@@ -16,6 +16,7 @@
 
 #include "cuda/moe_gemm.h"
 #include "cuda/moe_layer_kernels.h"
+#include "wna16/cuda_kernels.h"
 #include "wna16/error.h"
 #include "wna16/backend.h"
 #include "wna16/half.h"
@@ -92,13 +93,17 @@ struct GemmCase {
   bool tiles4 = false;  // decode kernel: the 4-tile variant (two tile pairs per warp; int4 only)
   bool kperm = false;   // m144w: x and the intermediate k-permuted (GemmRun::x_kperm / out_kperm)
   bool handoff = false;  // decode kernel: the m-block handoff counters (GemmRun::mb_done, item_claim)
+  // Decode GEMM1: S shared slices (kernel experts 0..S-1, every token's last S choices) run ahead
+  // of the wait for the align step (GemmRun::pre_wait_slices), which runs on the GPU right before.
+  int pre_wait = 0;
 };
 
 std::string describe(const GemmCase& c) {
   return "int" + std::to_string(c.bits) + " " + dtype_name(c.act) + " group " + std::to_string(c.gl) +
          (c.zeros ? " asym" : " sym") + " config " + gemm_config_name(c.config) + " M=" + std::to_string(c.M) +
          " kw=" + std::to_string(c.decode_kw) + " splits=" + std::to_string(c.splits) + (c.tiles4 ? " 4-tile" : "") +
-         (c.kperm ? " k-permuted" : "") + (c.handoff ? " handoff" : "");
+         (c.kperm ? " k-permuted" : "") + (c.handoff ? " handoff" : "") +
+         (c.pre_wait ? " pre-wait S=" + std::to_string(c.pre_wait) : "");
 }
 
 // Routes M tokens to `topk` distinct experts among the first E-2 (the last two get nothing).
@@ -155,7 +160,7 @@ void print_mismatches(const char* what, const std::vector<double>& got, const st
 
 void run_gemm_case(const GemmCase& c) {
   SCOPED_TRACE(describe(c));
-  const int E = 6, topk = 2;
+  const int E = 6, S = c.pre_wait, topk = 2 + S;
   // H = 576: 36 output tiles in GEMM2, padded to 40 (exercises the n-tile padding); group 128
   // needs K a multiple of 128, so that case uses H = 384, I = 256 (group 256: H = 512).
   const int64_t H = c.gl == 128 ? 384 : c.gl == 256 ? 512 : 576, I = c.gl >= 128 ? 256 : 192;
@@ -164,7 +169,16 @@ void run_gemm_case(const GemmCase& c) {
   const int bm = gemm_config_block_m(c.config);
   RandomGemm g1(c.bits, E, H, 2 * I, gl1, c.zeros, 11 + uint64_t(c.bits));
   RandomGemm g2(c.bits, E, I, H, gl2, c.zeros, 29 + uint64_t(c.bits));
-  const std::vector<int32_t> ids = random_ids(M, topk, E, uint64_t(M) * 7 + 1);
+  // Two routed choices (kernel experts S.., as the layer numbers them) and the S shared slices.
+  std::vector<int32_t> ids = random_ids(M, 2, E - S, uint64_t(M) * 7 + 1);
+  if (S > 0) {
+    std::vector<int32_t> routed = ids;
+    ids.clear();
+    for (int64_t m = 0; m < M; ++m) {
+      for (int j = 0; j < 2; ++j) ids.push_back(routed[size_t(m * 2 + j)] + S);
+      for (int s2 = 0; s2 < S; ++s2) ids.push_back(s2);
+    }
+  }
   const AlignResult al = align_reference(ids.data(), slots, E, bm);
   std::mt19937_64 rng(uint64_t(M) + 99);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -228,7 +242,29 @@ void run_gemm_case(const GemmCase& c) {
   handoff0.back() = 0x5eed;
   d_handoff.put(handoff0);
   if (c.handoff) r.mb_done = static_cast<int32_t*>(d_handoff.p);
-  launch_moe_gemm(dev(g1, d_q1, d_s1, d_z1), r, nullptr);
+  if (S > 0) {
+    // The tables come from the GPU align step, GEMM1 its programmatic dependent: the shared slices'
+    // items run while it may still write them (poisoned first).
+    DeviceArray d_ids(ids.size() * 4);
+    d_ids.put(ids);
+    CUDA_OK(cudaMemset(d_sorted.p, 0xFF, al.sorted_token_ids.size() * 4));
+    CUDA_OK(cudaMemset(d_eids.p, 0xFF, al.expert_ids.size() * 4));
+    CUDA_OK(cudaMemset(d_ntpp.p, 0xFF, 4));
+    cudaStream_t st = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    launch_align(static_cast<const int32_t*>(d_ids.p), slots, E, bm, static_cast<int32_t*>(d_sorted.p),
+                 static_cast<int32_t*>(d_eids.p), static_cast<int32_t*>(d_ntpp.p), st);
+    r.overlap_previous = r.wait_first = true;
+    r.pre_wait_slices = S;
+    launch_moe_gemm(dev(g1, d_q1, d_s1, d_z1), r, st);
+    CUDA_OK(cudaStreamSynchronize(st));
+    CUDA_OK(cudaStreamDestroy(st));
+    r.overlap_previous = r.wait_first = false;
+    r.pre_wait_slices = 0;
+    ASSERT_EQ(d_sorted.get<int32_t>(al.sorted_token_ids.size()), al.sorted_token_ids) << "GPU align";
+  } else {
+    launch_moe_gemm(dev(g1, d_q1, d_s1, d_z1), r, nullptr);
+  }
   CUDA_OK(cudaDeviceSynchronize());
   if (c.handoff) {
     // Every real m-block was released once per tile pair of GEMM1 (NT / 2), no other word moved.
@@ -627,6 +663,26 @@ TEST(MoeGemm, DecodeHandoffCountsAndClaims) {
         run_gemm_case(c);
       }
   GemmCase c8{8, DType::BF16, 64, false, 0, 3, 0, 0};
+  c8.handoff = true;
+  run_gemm_case(c8);
+}
+
+// GEMM1 runs the shared slices' m-blocks before it waits for the align step (GemmRun::
+// pre_wait_slices), their tables computed from M: the same intermediate as from the align tables,
+// and each m-block's handoff count complete (the releases follow the wait).
+TEST(MoeGemm, DecodeRunsSharedSlicesAheadOfTheWait) {
+  WNA16_REQUIRE_GPU();
+  for (int S : {1, 2})
+    for (int64_t M : {1, 3, 17})
+      for (bool tiles4 : {false, true}) {
+        GemmCase c{4, M == 3 ? DType::F16 : DType::BF16, 128, M == 17, 0, M, 0, 0};
+        c.tiles4 = tiles4;
+        c.handoff = M != 3;
+        c.pre_wait = S;
+        run_gemm_case(c);
+      }
+  GemmCase c8{8, DType::BF16, 64, false, 0, 3, 2, 0};
+  c8.pre_wait = 1;
   c8.handoff = true;
   run_gemm_case(c8);
 }

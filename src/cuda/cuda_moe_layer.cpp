@@ -1,8 +1,8 @@
 // CudaMoeLayer: load-time repack of a MoE layer into the fused GEMM layout (moe_gemm.h) and the
 // per-call pipeline on one stream:
 //   router logits (fp32; also zeroes out_f32; plain launch)
-//   -> routing (also appends the shared-expert slots) -> align (route_and_align); programmatic
-//      dependent launches
+//   -> routing (also appends the shared-expert slots) -> align (route_and_align; for one token
+//      the routing kernel writes the align tables itself); programmatic dependent launches
 //   -> GEMM1 (gate/up, SiLU*up, intermediate in act dtype; a programmatic dependent of align that
 //      waits for it first, but at decode runs the shared slices' m-blocks before that wait)
 //   -> GEMM2 (x routing weight, fp32 atomics into out_f32: the top-k sum and split-K partials;
@@ -504,10 +504,22 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   // With shared slices the routing writes [M, k + S] straight into ids2 / w2 (no append kernel).
   auto* ids2 = reinterpret_cast<int32_t*>(ws + (S > 0 ? L.ids2 : L.ids));
   auto* w2 = reinterpret_cast<float*>(ws + (S > 0 ? L.w2 : L.w));
+  // One token: the routing kernel writes the align tables too (one launch and one grid-completion
+  // wait fewer before GEMM1). A/B switch: WNA16_NO_ROUTE_ALIGN=1.
+  static const bool no_route_align = std::getenv("WNA16_NO_ROUTE_ALIGN") != nullptr;
+  RoutingAlignOut align;
+  if (M == 1 && k2 <= 32 && !no_route_align) {
+    align.sorted = reinterpret_cast<int32_t*>(ws + L.sorted);
+    align.expert_ids = reinterpret_cast<int32_t*>(ws + L.eids);
+    align.ntpp = reinterpret_cast<int32_t*>(ws + L.ntpp);
+    align.block_m = block_m;
+    align.max_padded = L.max_padded;
+    align.max_blocks = L.max_blocks;
+  }
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
-                             ids2, w2, st);
+                             ids2, w2, st, align);
   stage_done("routing", st);
-  if (diag_skip(3)) return;
+  if (diag_skip(3) || align.sorted) return;
   launch_align(ids2, M * k2, E2, block_m, reinterpret_cast<int32_t*>(ws + L.sorted),
                reinterpret_cast<int32_t*>(ws + L.eids), reinterpret_cast<int32_t*>(ws + L.ntpp), st);
   stage_done("align", st);

@@ -17,13 +17,25 @@ using Stream = void*;
 void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const float* router, int E, int E_ext,
                           float* logits, float* gate_logit, float* zero, int64_t zero_n, Stream stream);
 
+struct RoutingAlignOut {
+  int32_t* sorted = nullptr;
+  int32_t* expert_ids = nullptr;
+  int32_t* ntpp = nullptr;
+  int block_m = 0;
+  int64_t max_padded = 0, max_blocks = 0;
+};
+
 // launch_routing (wna16/cuda_kernels.h) on fp32 logits, with the S shared-expert slices as extra
 // choices of every token: ids2 / weights2 are [M, top_k + S] (S may be 0); ids2[m, top_k + s] = s
 // with weight 1 (gate_logit null) or sigmoid(gate_logit[m]), and the routed ids are offset by S
 // (the layer's kernel experts: the shared slices first, so their m-blocks lead the align output). Launched with programmatic dependent launch;
 // the kernel waits for the previous kernel in the stream before its first global access.
+// align (M == 1 and top_k + S <= 32 only; sorted null: off): the routing kernel also writes what
+// launch_align(ids2, top_k + S, num_experts + S, block_m, ...) would, so the layer's one-token chain
+// has no align launch. max_padded / max_blocks: the tables' sizes (at least the align contract's).
 void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias,
-                                const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream);
+                                const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream,
+                                const RoutingAlignOut& align = {});
 
 // y = x with each row's K axis k-permuted for the prefill kernel (kperm_pos in moe_gemm.h: inside
 // each 64-element chunk the 32 element pairs as an 8 x 4 transpose). x, y: act [M, H], H a multiple

@@ -64,6 +64,7 @@ struct RouteParams {
   int S;             // shared-expert slices appended as choices top_k.. with ids 0..S-1; the routed
                      // ids are then offset by S (the layer's kernel experts: shared slices first)
   const float* gate_logit;  // [M]: their weight is sigmoid(gate_logit[m]); null: weight 1
+  RoutingAlignOut align;    // M == 1 only (align.sorted null: off): the align step's outputs
 };
 
 // The logits' dtype is a template parameter: a run-time switch put every load in its own branch
@@ -327,6 +328,24 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
       p.weights[row + p.top_k + s] = sw;
     }
   }
+  // One token (M == 1, ld <= 32): its choices are distinct experts with one slot each, so the align
+  // step's output is each expert's block of block_m rows in id order, the slot first, the rest
+  // sentinels (= ld, the slot count), exactly as launch_align would write it.
+  const RoutingAlignOut& a = p.align;
+  if (a.sorted) {
+    const int n = int(p.ld);
+    const int id = lane < p.top_k ? my_id + p.S : lane < n ? lane - p.top_k : -1;
+    int rank = 0;  // experts with a smaller id
+    for (int i = 0; i < n; ++i) rank += __shfl_sync(0xffffffffu, id, i) < id;
+    for (int64_t i = lane; i < a.max_padded; i += 32) a.sorted[i] = n;
+    for (int64_t b = lane; b < a.max_blocks; b += 32) a.expert_ids[b] = -1;
+    __syncwarp();  // the fills above land before the writes below (same addresses)
+    if (lane < n) {
+      a.sorted[int64_t(rank) * a.block_m] = lane;
+      a.expert_ids[rank] = id;
+    }
+    if (lane == 0) *a.ntpp = n * a.block_m;
+  }
 }
 
 template <int VPL, int DT>
@@ -395,8 +414,20 @@ float weight_scale(const RoutingConfig& cfg) {
 
 void launch_routing_impl(const RoutingConfig& cfg, const void* logits, DType logits_dtype, int64_t M,
                          const float* bias, const float* gate_logit, int S, int32_t* topk_ids, float* topk_weights,
-                         bool pdl, cudaStream_t s) {
+                         bool pdl, cudaStream_t s, const RoutingAlignOut& align = {}) {
   check_routing_args(cfg, M, bias, S);
+  if (align.sorted) {
+    if (M != 1 || cfg.top_k + S > 32)
+      throw Error("routing with the align outputs: needs M=1 and top_k + S <= 32 (M=" + std::to_string(M) +
+                  ", top_k + S=" + std::to_string(cfg.top_k + S) + ")");
+    if (!align.expert_ids || !align.ntpp || align.block_m < 1 ||
+        align.max_padded < max_padded_slots(cfg.top_k + S, cfg.num_experts + S, align.block_m) ||
+        align.max_blocks < max_align_blocks(cfg.top_k + S, cfg.num_experts + S, align.block_m))
+      throw Error("routing with the align outputs: block_m=" + std::to_string(align.block_m) + ", max_padded=" +
+                  std::to_string(align.max_padded) + ", max_blocks=" + std::to_string(align.max_blocks) +
+                  " or a null table do not fit the align contract for " + std::to_string(cfg.num_experts + S) +
+                  " experts");
+  }
   const int E = cfg.num_experts;
   int dtype = 0;
   switch (logits_dtype) {
@@ -425,6 +456,7 @@ void launch_routing_impl(const RoutingConfig& cfg, const void* logits, DType log
   p.ld = cfg.top_k + S;
   p.S = S;
   p.gate_logit = S > 0 ? gate_logit : nullptr;
+  p.align = align;
 
   const int vpl = (E + 31) / 32;
   if (vpl <= 1) launch_vpl<1>(p, s, pdl);
@@ -444,9 +476,10 @@ void launch_routing(const RoutingConfig& cfg, const void* logits, DType logits_d
 }
 
 void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias,
-                                const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream) {
+                                const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream,
+                                const RoutingAlignOut& align) {
   launch_routing_impl(cfg, logits, DType::F32, M, bias, gate_logit, S, ids2, weights2, true,
-                      static_cast<cudaStream_t>(stream));
+                      static_cast<cudaStream_t>(stream), align);
 }
 
 }  // namespace wna16::cuda

@@ -765,6 +765,59 @@ TEST_F(RoutingGpu, SharedSlotsAppended) {
         }
 }
 
+// One token: the routing kernel writes the align tables itself (RoutingAlignOut), equal to
+// align_reference of the ids it wrote, for every method, shared slices and block size; the
+// requests it cannot serve are refused naming the value.
+TEST_F(RoutingGpu, OneTokenRoutingWritesTheAlignTables) {
+  WNA16_REQUIRE_GPU();
+  using RM = RoutingMethod;
+  for (const RoutingConfig& c : {routing(RM::NoauxTc, 256, 8, true, 8, 4, 2.5), routing(RM::SoftmaxTopK, 8, 2, true),
+                                 routing(RM::SoftmaxTopK, 60, 4, false),
+                                 routing(RM::GroupLimitedGreedy, 64, 6, false, 1, 1, 1.0)})
+    for (int S : {0, 1, 4})
+      for (int block_m : {8, 16, 64})
+        for (int rep = 0; rep < 3; ++rep) {
+          const int E = c.num_experts, k2 = c.top_k + S;
+          const auto bias = make_bias(E, rng_);
+          const Logits L = make_logits(c, DType::F32, 1, bias, rng_);
+          DevBuf<float> lf(static_cast<size_t>(E)), db(static_cast<size_t>(E)), w(static_cast<size_t>(k2));
+          AlignBuffers a(k2, E + S, block_m);
+          lf.upload(L.f32);
+          db.upload(bias);
+          a.ids.poison();
+          a.poison();
+          cuda::RoutingAlignOut out;
+          out.sorted = a.sorted.p;
+          out.expert_ids = a.experts.p;
+          out.ntpp = a.post.p;
+          out.block_m = block_m;
+          out.max_padded = int64_t(a.sorted.n);
+          out.max_blocks = int64_t(a.experts.n);
+          cuda::launch_routing_with_shared(c, lf.p, 1, c.method == RM::NoauxTc ? db.p : nullptr, nullptr, S, a.ids.p,
+                                           w.p, stream_, out);
+          CUDA_OK(cudaStreamSynchronize(stream_));
+          const auto ids = a.ids.download();
+          EXPECT_EQ(compare_align(a, ids, E + S, block_m), "")
+              << "E=" << E << " k=" << c.top_k << " S=" << S << " block_m=" << block_m;
+        }
+  const RoutingConfig c = routing(RM::SoftmaxTopK, 8, 2, true);
+  DevBuf<float> lf(16), w(16);
+  AlignBuffers a(2, 8, 8);
+  cuda::RoutingAlignOut out{a.sorted.p, a.experts.p, a.post.p, 8, int64_t(a.sorted.n), int64_t(a.experts.n)};
+  auto refused = [&](int64_t M, const cuda::RoutingAlignOut& o, const std::string& what) {
+    try {
+      cuda::launch_routing_with_shared(c, lf.p, M, nullptr, nullptr, 0, a.ids.p, w.p, stream_, o);
+      ADD_FAILURE() << what << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused(2, out, "M=2");
+  cuda::RoutingAlignOut small = out;
+  small.max_padded -= 1;
+  refused(1, small, "max_padded=" + std::to_string(out.max_padded - 1));
+}
+
 // The layer's chain routing -> align (both programmatic dependent launches) captured in a graph,
 // replayed on new logits: equal to the reference routing and align_reference of its ids.
 TEST_F(RoutingGpu, GraphReplayOfRoutingAndAlignChain) {

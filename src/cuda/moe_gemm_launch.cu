@@ -368,6 +368,10 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
                 " needs 0 < S <= topk (" + std::to_string(r.topk) + ") and <= E (" + std::to_string(w.E) +
                 "), the decode kernel (config m8 without act-order), the SiluMul epilogue, overlap_previous and "
                 "wait_first, over all m-blocks (mb_begin 0, mb_count < 0)");
+  if (r.pre_wait_slices > 0 && r.topk > 0 &&
+      int64_t(r.pre_wait_slices) * ((r.num_slots / r.topk + 7) / 8) * w.NT >= (int64_t(1) << 31))
+    throw Error("pre_wait_slices=" + std::to_string(r.pre_wait_slices) + " with " + std::to_string(r.num_slots / r.topk) +
+                " tokens: the shared slices' work items exceed the kernel's 2^31 range");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
     throw Error("gate/up GEMM N=" + std::to_string(w.N) + " (2*I) is not a multiple of 32");
   if (r.epilogue == GemmEpilogue::SiluMul && r.splits != 1)

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   const int nb_count = ((p.NT / NTW) + units_per_block - 1) / units_per_block;
   const int pre_tokens = p.num_slots / p.topk;
   const int pre_mps = (pre_tokens + kDecodeBM - 1) / kDecodeBM;  // m-blocks per shared slice
-  const int64_t pre_total = int64_t(p.pre_slices) * pre_mps * nb_count * p.splits;
+  const int pre_total = p.pre_slices * pre_mps * nb_count * p.splits;  // < 2^31: checked on the host
   bool tables = !(p.pdl == 2 && int64_t(blockIdx.x) < pre_total);  // the align tables may be read
   if (p.pdl == 2 && tables) asm volatile("griddepcontrol.wait;" ::: "memory");
   if (tables) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -140,10 +140,9 @@ struct CudaMoeLayer::Impl {
     ws.ntpp = take(4);
     ws.inter = take(ws.max_padded * I * 2);
     ws.acc = take(M * H * 4);
-    // The decode GEMMs' m-block handoff (GemmRun::mb_done): max_blocks counters, then GEMM2's
-    // item counter, then GEMM1's (GemmRun::pre_wait_slices); zeroed with the accumulator by the
-    // router launch (it directly follows acc).
-    ws.handoff = take((ws.max_blocks + 2) * 4);
+    // The decode GEMMs' m-block handoff (GemmRun::mb_done): max_blocks counters, then the item
+    // counter; zeroed with the accumulator by the router launch (it directly follows acc).
+    ws.handoff = take((ws.max_blocks + 1) * 4);
     // The k-permuted copy of x for the prefill kernel (config m144w, the largest m-blocks, only).
     ws.xperm = block_m >= gemm_config_block_m(gemm_config_count() - 1) ? take(M * H * 2) : off;
     ws.total = off;
@@ -497,7 +496,7 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
                                          int block_m, cudaStream_t st) const {
   auto* logits = reinterpret_cast<float*>(ws + L.logits);
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
-  const int64_t zero_n = (L.handoff - L.acc) / 4 + align_up(L.max_blocks + 2, 4);  // acc .. handoff
+  const int64_t zero_n = (L.handoff - L.acc) / 4 + align_up(L.max_blocks + 1, 4);  // acc .. handoff
   launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate,
                        reinterpret_cast<float*>(ws + L.acc), zero_n, st);
   stage_done("router logits", st);
@@ -577,10 +576,6 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   // routing chain runs (GemmRun::pre_wait_slices). A/B switch: WNA16_NO_PRE_WAIT=1.
   static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
   if (!no_pre_wait && r.wait_first && config == 0 && !d.g1.perm && !d.g1.perm_up) r.pre_wait_slices = d.S;
-  // Then the blocks take their later items from a counter, so those that ran a shared item ahead
-  // take fewer. A/B switch: WNA16_NO_GEMM1_CLAIM=1 (items in fixed rounds of the grid).
-  static const bool no_gemm1_claim = std::getenv("WNA16_NO_GEMM1_CLAIM") != nullptr;
-  if (r.pre_wait_slices > 0 && !no_gemm1_claim) r.item_claim = reinterpret_cast<int32_t*>(ws + L.handoff) + L.max_blocks + 1;
   // Both GEMMs on the decode kernel: GEMM2 starts on each m-block as soon as GEMM1 has stored it
   // (GemmRun::mb_done), so it runs in the slots GEMM1's last partial round leaves idle; where
   // GEMM1 is too small to leave any (mb_handoff_pays), GEMM2 waits for the whole GEMM1 grid. A/B
@@ -596,7 +591,6 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
 
   r.wait_first = false;
   r.pre_wait_slices = 0;
-  r.item_claim = nullptr;  // GEMM1's counter; GEMM2 takes its own with the handoff below
   r.out_kperm = false;  // GEMM2 writes the fp32 accumulator; its input (the intermediate) is k-permuted with kperm
   d.set_gemm2(r, c.acc, c.w2, ws, L);
   r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);

@@ -159,9 +159,7 @@ struct GemmRun {
   // m-blocks each with the tokens in order. The kernel computes those m-blocks' tables itself and
   // runs them before griddepcontrol.wait, while the routing chain before it still runs; it waits
   // before the other m-blocks and before any mb_done release. x must be complete before the
-  // previous kernels started (the layer's input). With item_claim (zero before the previous
-  // kernels finish; a counter of its own, not GEMM2's), the items after each block's first are
-  // taken from it, so the blocks that ran a shared item ahead take fewer of the rest. 0: off.
+  // previous kernels started (the layer's input). 0: off.
   int pre_wait_slices = 0;
 };
 

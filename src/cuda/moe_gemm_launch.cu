@@ -428,7 +428,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.out_kperm = r.out_kperm ? 1 : 0;
   kp.mb_done = r.mb_done;
   kp.mb_done_target = r.mb_done_target;
-  kp.item_claim = r.epilogue == GemmEpilogue::WeightedSum || r.pre_wait_slices > 0 ? r.item_claim : nullptr;
+  kp.item_claim = r.epilogue == GemmEpilogue::WeightedSum ? r.item_claim : nullptr;
   // A/B switches for measurements (results are the same either way).
   static const bool no_defer = std::getenv("WNA16_NO_DEFER") != nullptr;
   kp.defer_ok = !no_defer && w.group_len % PackedGemm::kChunkK == 0 && !(w.bits == 8 && r.act == DType::BF16);

@@ -113,6 +113,20 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   const int64_t wstride = int64_t(p.NT) * U * 32;  // uint4 per k-chunk
   const int mstride = p.NT * 8;                    // meta words per group
 
+  // The m-block handoff (GemmRun::mb_done): GEMM1's warps release their m-block's tile pairs once
+  // stored; GEMM2 blocks start on item blockIdx.x and take the later ones in order from a counter
+  // (blocks that start during GEMM1's tail take more of them). The next item is claimed when an
+  // item starts (the atomic's round trip overlaps the item), passed on through shared memory
+  // (double-buffered: one block barrier per item).
+  __shared__ int claimed[2];
+  int claims = 0;
+  int next_claim = 0;  // thread 0
+  auto next_item = [&](int64_t item) -> int64_t {
+    if (!p.item_claim) return item + gridDim.x;
+    if (threadIdx.x == 0) claimed[claims & 1] = next_claim;
+    __syncthreads();
+    return claimed[claims++ & 1];
+  };
   auto release_mb = [&](int mb) {
     if (p.epilogue == 0 && p.mb_done) {
       __syncwarp();  // the warp's stores are ordered before lane 0's fence and count
@@ -135,46 +149,22 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   };
   // Whether this warp adds to mb_done for its item (see the skips and the epilogue below).
   auto releases = [&](int nb) { return wk == 0 && !(PPW > 1 && NTW * (nb * units_per_block + wp) >= p.NT); };
-  // The wait for the align step once this block's items run ahead are done: the counters (zeroed
-  // by the chain's first kernel) take their releases only now.
-  auto enter_tables = [&] {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    tables = true;
-    for (int64_t j = blockIdx.x; j < pre_total; j += gridDim.x) {
-      const WorkItem pj = pre_item(j);
-      if (releases(pj.nb)) release_mb(pj.mb);
-    }
-    total = total_items();
-  };
 
-  // The m-block handoff (GemmRun::mb_done): GEMM1's warps release their m-block's tile pairs once
-  // stored; GEMM2 blocks start on item blockIdx.x and take the later ones in order from a counter
-  // (blocks that start during GEMM1's tail take more of them). The next item is claimed when an
-  // item starts (the atomic's round trip overlaps the item), passed on through shared memory
-  // (double-buffered: one block barrier per item).
-  // GEMM1 with the shared slices run ahead (p.pre_slices) claims too, so the blocks that ran a
-  // shared item during the routing chain take fewer of the rest; its claims start after the wait
-  // (the counter is zeroed by the chain's first kernel), and only while every item run ahead is
-  // some block's first (pre_total <= gridDim.x; claimed items start at gridDim.x).
-  const bool claim = p.item_claim && pre_total <= int(gridDim.x);
-  __shared__ int claimed[2];
-  int claims = 0;
-  int next_claim = 0;  // thread 0
-  auto next_item = [&](int64_t item) -> int64_t {
-    if (!claim) return item + gridDim.x;
-    if (!tables) {  // this block's item run ahead just ended: wait, then claim the next one
-      enter_tables();
-      if (threadIdx.x == 0) next_claim = int(gridDim.x) + atomicAdd(p.item_claim, 1);
-    }
-    if (threadIdx.x == 0) claimed[claims & 1] = next_claim;
-    __syncthreads();
-    return claimed[claims++ & 1];
-  };
   for (int64_t item = blockIdx.x;; item = next_item(item)) {
-    if (!tables && item >= pre_total) enter_tables();
+    if (!tables && item >= pre_total) {
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+      asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+      tables = true;
+      // The items run ahead stored their m-blocks before the wait; the counters (zeroed by the
+      // chain's first kernel) may take their releases only now.
+      for (int64_t j = blockIdx.x; j < pre_total; j += gridDim.x) {
+        const WorkItem pj = pre_item(j);
+        if (releases(pj.nb)) release_mb(pj.mb);
+      }
+      total = total_items();
+    }
     if (item >= total) break;
-    if (claim && tables && threadIdx.x == 0) next_claim = int(gridDim.x) + atomicAdd(p.item_claim, 1);
+    if (p.item_claim && threadIdx.x == 0) next_claim = int(gridDim.x) + atomicAdd(p.item_claim, 1);
     const WorkItem it = tables ? decode_item(p, item, nb_count) : pre_item(item);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     if (expert < 0) continue;  // block-uniform

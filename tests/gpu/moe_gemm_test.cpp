@@ -235,11 +235,10 @@ void run_gemm_case(const GemmCase& c) {
   r.x_stride = H;
   r.out = d_inter.p;
   r.x_kperm = r.out_kperm = c.kperm;
-  // Handoff counters: max_blocks m-block counts, then GEMM2's item counter, then GEMM1's (with
-  // pre_wait); poisoned past them.
+  // Handoff counters: max_blocks m-block counts, then GEMM2's item counter; poisoned past them.
   const int64_t nmb = al.num_tokens_post_padded / bm;
-  DeviceArray d_handoff(size_t(r.max_blocks + 3) * 4);
-  std::vector<int32_t> handoff0(size_t(r.max_blocks + 3), 0);
+  DeviceArray d_handoff(size_t(r.max_blocks + 2) * 4);
+  std::vector<int32_t> handoff0(size_t(r.max_blocks + 2), 0);
   handoff0.back() = 0x5eed;
   d_handoff.put(handoff0);
   if (c.handoff) r.mb_done = static_cast<int32_t*>(d_handoff.p);
@@ -257,13 +256,11 @@ void run_gemm_case(const GemmCase& c) {
                  static_cast<int32_t*>(d_eids.p), static_cast<int32_t*>(d_ntpp.p), st);
     r.overlap_previous = r.wait_first = true;
     r.pre_wait_slices = S;
-    r.item_claim = static_cast<int32_t*>(d_handoff.p) + r.max_blocks + 1;  // GEMM1's own counter
     launch_moe_gemm(dev(g1, d_q1, d_s1, d_z1), r, st);
     CUDA_OK(cudaStreamSynchronize(st));
     CUDA_OK(cudaStreamDestroy(st));
     r.overlap_previous = r.wait_first = false;
     r.pre_wait_slices = 0;
-    r.item_claim = nullptr;
     ASSERT_EQ(d_sorted.get<int32_t>(al.sorted_token_ids.size()), al.sorted_token_ids) << "GPU align";
   } else {
     launch_moe_gemm(dev(g1, d_q1, d_s1, d_z1), r, nullptr);
@@ -271,7 +268,7 @@ void run_gemm_case(const GemmCase& c) {
   CUDA_OK(cudaDeviceSynchronize());
   if (c.handoff) {
     // Every real m-block was released once per tile pair of GEMM1 (NT / 2), no other word moved.
-    const std::vector<int32_t> h = d_handoff.get<int32_t>(size_t(r.max_blocks + 3));
+    const std::vector<int32_t> h = d_handoff.get<int32_t>(size_t(r.max_blocks + 2));
     for (int64_t mb = 0; mb < r.max_blocks + 1; ++mb)
       ASSERT_EQ(h[size_t(mb)], mb < nmb ? int32_t(g1.pg.NT / 2) : 0) << "handoff count of m-block " << mb;
     ASSERT_EQ(h.back(), 0x5eed) << "write past the handoff counters";
@@ -326,7 +323,7 @@ void run_gemm_case(const GemmCase& c) {
   CUDA_OK(cudaDeviceSynchronize());
   if (c.handoff) {
     // Every item a block started claimed the block's next one: at least one claim per m-block.
-    const int32_t claims = d_handoff.get<int32_t>(size_t(r.max_blocks + 1)).back();  // GEMM2's counter
+    const int32_t claims = d_handoff.get<int32_t>(size_t(r.max_blocks + 1)).back();
     EXPECT_GE(claims, nmb) << "GEMM2 item claims";
   }
   const std::vector<float> out = d_out.get<float>(size_t(M * H));

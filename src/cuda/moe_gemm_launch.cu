@@ -237,8 +237,18 @@ DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc
   const int64_t bm = gemm_config_block_m(r.config);
   const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
   const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
-  const int64_t mblocks =
+  const int64_t mblocks_all =
       r.mb_count >= 0 ? r.mb_count : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
+  // The shared slices' m-blocks run ahead of the wait for the align step, during the routing
+  // chain (GemmRun::pre_wait_slices): where they are at most a quarter of the m-blocks, plan the
+  // rounds after the wait on the others (DeepSeek-V3 M=1: 8 of 9, so 512 items of two tile pairs
+  // per warp fill one round of 528 blocks). A/B switch: WNA16_NO_PRE_WAIT_PLAN=1.
+  static const bool no_pre_plan = std::getenv("WNA16_NO_PRE_WAIT_PLAN") != nullptr;
+  int64_t mblocks = mblocks_all;
+  if (r.pre_wait_slices > 0 && !no_pre_plan) {
+    const int64_t pre = int64_t(r.pre_wait_slices) * ((r.num_slots / r.topk + bm - 1) / bm);
+    if (4 * pre <= mblocks_all) mblocks = std::max<int64_t>(1, mblocks_all - pre);
+  }
   const int only_kw = r.epilogue == GemmEpilogue::SiluMul ? decode_kw_pins().first : decode_kw_pins().second;
   DecodePlan plan;
   plan.resident = resident_blocks(w.bits, r.config, r.act);

@@ -128,7 +128,8 @@ struct RouteScratch {
 //    (k lane maxima are >= T), and nothing beaten by T beats such an expert, so the top k are the
 //    ranks < k among the candidates not beaten by T (at most k * VPL, usually about k).
 template <int VPL, int DT>
-__global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteParams p) {
+// (min blocks 1: with the block barrier ptxas otherwise capped VPL 32 at 128 registers and spilled)
+__global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const RouteParams p) {
   __shared__ RouteScratch<VPL> scratch[kRouteWarps];
   // Programmatic dependent launch (no-ops unless the launches carry the attribute): the next
   // kernel (align) may start its set-up now; it waits for this grid's completion before reading
@@ -136,12 +137,34 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
   // NOTE: every thread waits before it may return, so this grid completes only after its
   // predecessor did (the layer's chain relies on that for the router's zero-fill).
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int lane = threadIdx.x & 31;
   const int64_t m = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
-  if (m >= p.M) return;  // warp-uniform
-  RouteScratch<VPL>& sc = scratch[threadIdx.x >> 5];
   const int E = p.E;
+  const bool noaux = p.method == kNoaux;
+  // Ahead of the wait, what no earlier kernel of the chain writes: the correction bias (a weight),
+  // and with the align tables (one token, one block) their sentinel fill by the idle warps 1..3.
+  // The tables may be written this early: the layer's router before this kernel is a plain launch,
+  // so every earlier reader of them (the previous call's GEMMs) has completed.
+  float bia[VPL] = {};
+  if (noaux && m < p.M) {  // one branch around all the bias loads; their uses come later
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) bia[j] = __ldg(p.bias + min(j * 32 + lane, E - 1));
+  }
+  const RoutingAlignOut& a = p.align;
+  if (a.sorted && m >= p.M) {
+    const int t = threadIdx.x - 32, nt = kRouteThreads - 32;
+    const int n = int(p.ld);
+    const int64_t n4 = reinterpret_cast<uintptr_t>(a.sorted) % 16 == 0 ? a.max_padded / 4 : 0;
+    for (int64_t i = t; i < n4; i += nt) reinterpret_cast<int4*>(a.sorted)[i] = make_int4(n, n, n, n);
+    for (int64_t i = 4 * n4 + t; i < a.max_padded; i += nt) a.sorted[i] = n;
+    for (int64_t b = t; b < a.max_blocks; b += nt) a.expert_ids[b] = -1;
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (m >= p.M) {  // warp-uniform
+    if (a.sorted) __syncthreads();  // the fill is done
+    return;
+  }
+  RouteScratch<VPL>& sc = scratch[threadIdx.x >> 5];
   const unsigned lt = (1u << lane) - 1u;
 
   // Every global load of the token is issued here, before the first use: logits, bias, the gate
@@ -149,18 +172,12 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
   // and all in flight together: one memory round trip for the whole token.
   float key[VPL];  // what is chosen on: the logit, or s + bias
   float val[VPL];  // what the weight is made of: exp(l - max), or s
-  float bia[VPL] = {};
   uint32_t avail = 0;  // bit j: expert j*32+lane exists and may still be chosen
 #pragma unroll
   for (int j = 0; j < VPL; ++j) {
     const int e = min(j * 32 + lane, E - 1);
     key[j] = load_logit<DT>(p.logits, m * E + e);
     avail |= j * 32 + lane < E ? 1u << j : 0u;
-  }
-  const bool noaux = p.method == kNoaux;
-  if (noaux) {  // one branch around all the bias loads; their uses come later
-#pragma unroll
-    for (int j = 0; j < VPL; ++j) bia[j] = __ldg(p.bias + min(j * 32 + lane, E - 1));
   }
   const float gate_logit = p.S > 0 && p.gate_logit != nullptr ? __ldg(p.gate_logit + m) : 0.f;
 #pragma unroll
@@ -234,7 +251,10 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
     // no real group, so the loop needs no bound.
     int rank = 0;
 #pragma unroll
-    for (int h = 0; h < 32; ++h) rank += beats(__shfl_sync(0xffffffffu, gs, h), h, gs, lane) ? 1 : 0;
+    for (int h = 0; h < 32; ++h) {
+      if (h >= n_group) break;  // warp-uniform
+      rank += beats(__shfl_sync(0xffffffffu, gs, h), h, gs, lane) ? 1 : 0;
+    }
     const uint32_t kept = __ballot_sync(0xffffffffu, lane < n_group && rank < p.topk_group);
 #pragma unroll
     for (int j = 0; j < VPL; ++j)
@@ -331,15 +351,13 @@ __global__ void __launch_bounds__(kRouteThreads) moe_routing_kernel(const RouteP
   // One token (M == 1, ld <= 32): its choices are distinct experts with one slot each, so the align
   // step's output is each expert's block of block_m rows in id order, the slot first, the rest
   // sentinels (= ld, the slot count), exactly as launch_align would write it.
-  const RoutingAlignOut& a = p.align;
   if (a.sorted) {
     const int n = int(p.ld);
     const int id = lane < p.top_k ? my_id + p.S : lane < n ? lane - p.top_k : -1;
     int rank = 0;  // experts with a smaller id
     for (int i = 0; i < n; ++i) rank += __shfl_sync(0xffffffffu, id, i) < id;
-    for (int64_t i = lane; i < a.max_padded; i += 32) a.sorted[i] = n;
-    for (int64_t b = lane; b < a.max_blocks; b += 32) a.expert_ids[b] = -1;
-    __syncwarp();  // the fills above land before the writes below (same addresses)
+    // The other warps' sentinel fill lands before the writes below (same addresses).
+    __syncthreads();
     if (lane < n) {
       a.sorted[int64_t(rank) * a.block_m] = lane;
       a.expert_ids[rank] = id;

@@ -20,7 +20,8 @@
 // per expert where 144-token blocks need 1.07 (and ceil(n / 144) <= ceil(n / 128) for every n).
 // 144 is as far as the registers go: 2 x 72 accumulators per thread.
 //
-// Shared-memory ring (STAGES deep, each stage one 64-k chunk, filled by cp.async from all threads):
+// Shared-memory ring (STAGES deep, each stage one 64-k chunk; the tokens by cp.async from all
+// threads, the weights and scales by bulk copies that thread 0 issues on the stage's mbarrier):
 //   x:       144 token rows x 128 bytes, 128-byte swizzled (16-byte unit c of row r at c ^ (r & 7)),
 //            1024-byte aligned: the wgmma B operand. The packed weights permute k inside a chunk
 //            (moe_gemm.h: lane tig's A registers of k-step j hold real k 16*tig + 4j + {0,1} and
@@ -31,13 +32,19 @@
 //            144 are skipped), a full 32-byte sector
 //            per row and instruction, bank-conflict free (the word c rotates with the row).
 //            Padding rows are not loaded: they only feed accumulator columns that are discarded.
-//   weights: the block's tiles of the chunk (16 x U x 512 bytes, contiguous in global memory),
-//            read once per stage by each lane (16-byte loads): registers hold only the chunk in use.
-//   scales / zeros: one word per tile and lane (the group of lane tig's 16 k), as the staged kernel.
+//   weights: the block's tiles of the chunk (16 x U x 512 bytes, contiguous in global memory), one
+//            bulk copy; read once per stage by each lane (16-byte loads): registers hold only the
+//            chunk in use.
+//   scales / zeros: per group slot, the block's 16 tiles x 8 words (contiguous in global memory,
+//            one bulk copy each); lane (g, tig) reads word 8 * tile + g of slot tig & slot_mask.
+// Why bulk copies: with per-thread cp.async the weight, scale and zero copies and their address
+// arithmetic were about a third of the k-loop's instructions (SASS, ncu source view), and the
+// kernel is bound by its warps' instruction issue, not by the tensor cores.
 // Schedule per chunk kt: wait for its cp.async group, fence.proxy.async (cp.async writes are
 // generic-proxy writes, wgmma reads through the async proxy), __syncthreads, refill the stage of
 // chunk kt-2 with chunk kt+STAGES-2 (every warpgroup finished chunk kt-2's wgmmas before this
-// barrier: it waited on them before dequantising chunk kt-1), read the chunk's codes and scales,
+// barrier: it waited on them before dequantising chunk kt-1), wait for the stage's mbarrier (the
+// bulk copies; each thread tracks every stage's parity), read the chunk's codes and scales,
 // wgmma.wait_group 0 (the previous chunk's wgmmas are done with the A registers), dequantise the
 // chunk (2 tiles x 4 k-steps x 4 registers), fence, 8 wgmmas, commit. The two warpgroups drift into
 // a ping-pong: one dequantises while the other's wgmmas run.
@@ -113,6 +120,30 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
   return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+// mbarrier and bulk-copy (TMA engine, no tensor map) helpers of the prefill ring.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred P;\n mbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\n selp.u32 %0, 1, 0, P;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// bytes (a multiple of 16; both addresses 16-byte aligned) global -> shared, counted on bar.
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // One k-step's 2 wgmmas (tile 0 and tile 1 of each warp) with N = 16 * NSEL token columns.
 template <int NSEL, class T>
 __device__ __forceinline__ void prefill_mma_step(float (&acc)[2][kWgmmaAcc], const uint32_t (&a)[2][4], uint64_t desc) {
@@ -127,11 +158,12 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel
 #ifdef WNA16_HAVE_WGMMA
   using S = PrefillSmem<BITS>;
   constexpr int U = S::U, STAGES = S::STAGES, PF = STAGES - 2;
-  constexpr int BM = CfgM144W::BLOCK_M, NTB = CfgM144W::NTB, THREADS = CfgM144W::THREADS;
+  constexpr int BM = CfgM144W::BLOCK_M, NTB = CfgM144W::NTB;
   constexpr int XROWS = CfgM144W::XROWS;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_src[BM];   // x row feeding each token column; -1: padding
   __shared__ int s_slot[BM];  // slot (token * topk + choice) of each column; -1: padding
+  __shared__ __align__(8) uint64_t s_full[STAGES];  // stage s's weights and scales have landed
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t smem_base = smem_addr(smem);
 
@@ -146,6 +178,16 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel
   // same row & 7, so the swizzled unit of its pairs (lane & 7) + 8c is the same in every row.
   const int xr0 = 4 * warp + (lane >> 3), xp8 = lane & 7;
   const uint32_t xsoff = uint32_t(xr0 * 128 + ((xp8 ^ (xr0 & 7)) << 4));
+  const uint32_t full0 = smem_addr(&s_full[0]);
+  if (tid == 0) {
+    for (int st = 0; st < STAGES; ++st) mbar_init(full0 + 8 * st, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  uint32_t phase = 0;  // bit st: the parity of stage st's next fill (every thread tracks every stage)
+  // Scale slots: lane tig's 16 k of a chunk use the group copied to slot tig & slot_mask (groups
+  // of 64 k or more, or one group: slot 0; 32: slots 0 and 2; other multiples of 16: one per tig).
+  const int slot_mask = (p.G == 1 || p.group_len % 64 == 0) ? 0 : (p.group_len % 32 == 0 ? 2 : 3);
 
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
     const WorkItem it = decode_item(p, item, nb_count);
@@ -196,27 +238,24 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel
           }
         }
       }
-      // Weights: for one k-chunk the block's tiles are contiguous in memory.
-      uint4* sw = reinterpret_cast<uint4*>(sb + S::kXBytes);
-      const uint4* wsrc = wexp + int64_t(kc) * wstride;
-      const int nw = ntiles * U * 32;
-#pragma unroll
-      for (int e = 0; e < 2 * U; ++e) {
-        const int i = tid + e * THREADS;
-        if (i < nw) cp_async16(sw + i, wsrc + i);
-      }
-      // Scales (and zeros) of each lane's group: lane tig covers k in [64*kc + 16*tig, +16).
-      uint32_t* ss = reinterpret_cast<uint32_t*>(sb + S::kXBytes + S::kWBytes);
-      uint32_t* sz = ss + NTB * 32;
-#pragma unroll
-      for (int e = 0; e < (NTB * 32) / THREADS; ++e) {
-        const int i = tid + e * THREADS, ntl = i >> 5, ln = i & 31;
-        if (ntl >= ntiles) continue;
-        const int k = kc * 64 + (ln & 3) * 16;
-        const int grp = p.G == 1 ? 0 : (p.group_shift >= 0 ? k >> p.group_shift : k / p.group_len);
-        const int off = meta_base + grp * mstride + ntl * 8 + (ln >> 2);
-        cp_async4(ss + i, p.scales + off);
-        if (p.zeros) cp_async4(sz + i, p.zeros + off);
+      // Weights (for one k-chunk the block's tiles are contiguous in memory) and the scales (and
+      // zeros) of the chunk's groups (NTB * 8 contiguous words per group): bulk copies by one
+      // thread, counted on the stage's mbarrier.
+      if (tid == 0) {
+        const uint32_t bar = full0 + 8 * st, sbase = smem_addr(sb);
+        const uint32_t wbytes = uint32_t(ntiles * U * 32 * 16), mbytes = uint32_t(ntiles * 8 * 4);
+        const int nslots = slot_mask == 0 ? 1 : slot_mask == 2 ? 2 : 4;
+        mbar_arrive_expect_tx(bar, wbytes + uint32_t(nslots) * mbytes * (p.zeros ? 2u : 1u));
+        bulk_copy_g2s(sbase + S::kXBytes, wexp + int64_t(kc) * wstride, wbytes, bar);
+        for (int slot = 0; slot < 4; ++slot) {
+          if ((slot & slot_mask) != slot) continue;
+          const int k = kc * 64 + slot * 16;
+          const int grp = p.G == 1 ? 0 : (p.group_shift >= 0 ? k >> p.group_shift : k / p.group_len);
+          const int off = meta_base + grp * mstride;
+          const uint32_t dst = sbase + S::kXBytes + S::kWBytes + uint32_t(slot * NTB * 8 * 4);
+          bulk_copy_g2s(dst, p.scales + off, mbytes, bar);
+          if (p.zeros) bulk_copy_g2s(dst + S::kMetaBytes, p.zeros + off, mbytes, bar);
+        }
       }
     };
 
@@ -245,7 +284,10 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel
       __syncthreads();           // ... and to every warpgroup; all are past chunk kt-2's wgmmas
       if (kt + PF < nk) load_stage(kc0 + kt + PF, st_load);
       cp_async_commit();
+      const uint32_t parity = (phase >> st) & 1u;
+      phase ^= 1u << st;
       if (wg_active) {
+        mbar_wait_parity(full0 + 8 * st, parity);  // the chunk's weights and scales
         const unsigned char* sb = smem + st * S::kStage;
         const uint4* sw = reinterpret_cast<const uint4*>(sb + S::kXBytes);
         const uint32_t* ss = reinterpret_cast<const uint32_t*>(sb + S::kXBytes + S::kWBytes);
@@ -260,7 +302,8 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel
             const uint4 v = sw[(ntl * U + u) * 32 + lane];
             put_words(&wv[i][4 * u], v);
           }
-          meta[i].load(ss[ntl * 32 + lane], p.zeros ? sz[ntl * 32 + lane] : p.default_zero);
+          const int mi = (tig & slot_mask) * NTB * 8 + ntl * 8 + g;
+          meta[i].load(ss[mi], p.zeros ? sz[mi] : p.default_zero);
         }
         const uint64_t desc = sw128_desc(smem_base + uint32_t(st * S::kStage));
         // One commit group per k-step, A registers double-buffered across k-steps: before
@@ -271,7 +314,10 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel
           wgmma_wait<1>();
 #pragma unroll
           for (int i = 0; i < 2; ++i) dequant<T, BITS>(wv[i], s, meta[i], a[s & 1][i]);
-          switch (nsel) {
+          // Full m-blocks (most of them at large M) first: one compare instead of the switch's.
+          if (nsel >= 9) {
+            wgmma_fence(); prefill_mma_step<9, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit();
+          } else switch (nsel) {
             case 1: wgmma_fence(); prefill_mma_step<1, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
             case 2: wgmma_fence(); prefill_mma_step<2, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
             case 3: wgmma_fence(); prefill_mma_step<3, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
@@ -279,8 +325,7 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel
             case 5: wgmma_fence(); prefill_mma_step<5, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
             case 6: wgmma_fence(); prefill_mma_step<6, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
             case 7: wgmma_fence(); prefill_mma_step<7, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
-            case 8: wgmma_fence(); prefill_mma_step<8, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
-            default: wgmma_fence(); prefill_mma_step<9, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
+            default: wgmma_fence(); prefill_mma_step<8, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
           }
         }
       }
@@ -369,6 +414,11 @@ int prepare_prefill() {
 template <class T, int BITS>
 void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream) {
   using S = PrefillSmem<BITS>;
+  // The bulk copies of the scales (and zeros) need 16-byte aligned groups (packer-owned buffers).
+  auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  if (!aligned16(kp.scales) || (kp.zeros && !aligned16(kp.zeros)) || kp.meta_stride % 4 != 0 || kp.NT % 2 != 0)
+    throw Error("tile config m144w: scales/zeros not 16-byte aligned per group (meta_stride=" +
+                std::to_string(kp.meta_stride) + ", NT=" + std::to_string(kp.NT) + ")");
   const int bps = prepare_prefill<T, BITS>();
   const int64_t nb_count = (kp.NT + CfgM144W::NTB - 1) / CfgM144W::NTB;
   const int64_t upper = upper_mblocks * nb_count * kp.splits;

@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 #include <string>
 
@@ -496,6 +497,162 @@ int grid_for(int64_t n, int threads) {
   return int(std::clamp<int64_t>((n + threads - 1) / threads, 1, 4096));
 }
 
+// ---- router, many tokens, many experts: tensor cores ---------------------------------------------
+// logits = x . router^T with mma.sync m16n8k16 (bf16 in, fp32 accumulate). The fp32 router row
+// is cut into three bf16 pieces r = r0 + r1 + r2 (8 + 8 + 8 significant bits: exact, and bf16
+// has fp32's exponent range), so every product x * r_i is exact in fp32 and the sum keeps fp32's
+// precision; f16 x is cut into x0 + x1 (bf16, exact: 11 = 8 + 3 bits) and the x1 * r2 term,
+// 2^-24 of the product, is dropped. Each output is one thread's accumulator over K in a fixed
+// order: deterministic. Tile 64 tokens x 64 experts x 32 k, 4 warps of 32 x 32; the next k-tile's
+// global loads are in registers while the current one is multiplied.
+constexpr int kMmaTM = 64, kMmaTE = 64, kMmaTK = 32, kMmaThreads = 128;
+constexpr int kMmaPitch = kMmaTK + 8;  // bf16 per smem row: 80 bytes, conflict-free fragment loads
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// v = p0 + p1 (+ p2) in bf16, each piece the rounding of what the earlier ones leave.
+__device__ __forceinline__ void split_bf16(float v, float& p0, float& p1, float& p2) {
+  p0 = __bfloat162float(__float2bfloat16_rn(v));
+  const float r1 = v - p0;  // exact
+  p1 = __bfloat162float(__float2bfloat16_rn(r1));
+  p2 = r1 - p1;  // exact, and exactly a bf16 for fp32 v (8 bits left)
+}
+
+template <class T>
+__global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __restrict__ x, int M, int H,
+                                                                 const float* __restrict__ router, int E, int E_ext,
+                                                                 float* __restrict__ logits, float* __restrict__ gate_logit,
+                                                                 float4* __restrict__ zero, int64_t zero_n4) {
+  constexpr bool kF16 = std::is_same_v<T, __half>;
+  constexpr int XP = kF16 ? 2 : 1;  // pieces of x
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // see router_small_kernel
+  zero_fill(zero, zero_n4);
+  __shared__ __align__(16) __nv_bfloat16 xs[XP][kMmaTM][kMmaPitch];
+  __shared__ __align__(16) __nv_bfloat16 rs[3][kMmaTE][kMmaPitch];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int m0 = blockIdx.y * kMmaTM, e0 = blockIdx.x * kMmaTE;
+  // Loader: thread tid copies 16 k of row tid / 2 (tokens and experts), k offset 16 * (tid & 1).
+  const int lr = tid >> 1, lk = 16 * (tid & 1);
+  const bool x_ok = m0 + lr < M, r_ok = e0 + lr < E_ext;
+  const T* xrow = x + int64_t(x_ok ? m0 + lr : 0) * H + lk;
+  const float* rrow = router + int64_t(r_ok ? e0 + lr : 0) * H + lk;
+  uint4 xv[2];
+  float4 rv[4];
+  auto load = [&](int k0) {  // the k-tile at k0 into registers (zeros past M, E_ext, H)
+    const bool kx = k0 + lk < H;  // H is a multiple of 16 on this path
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      xv[i] = x_ok && kx ? __ldg(reinterpret_cast<const uint4*>(xrow + k0) + i) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      rv[i] = r_ok && kx ? __ldg(reinterpret_cast<const float4*>(rrow + k0) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+  };
+  auto store = [&] {
+    if constexpr (!kF16) {
+      *reinterpret_cast<uint4*>(&xs[0][lr][lk]) = xv[0];
+      *reinterpret_cast<uint4*>(&xs[0][lr][lk + 8]) = xv[1];
+    } else {
+      const __half* h = reinterpret_cast<const __half*>(xv);
+      uint32_t w0[8], w1[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float a0, a1, a2, b0, b1, b2;
+        split_bf16(__half2float(h[2 * i]), a0, a1, a2);
+        split_bf16(__half2float(h[2 * i + 1]), b0, b1, b2);
+        w0[i] = pack_bf16(a0, b0);
+        w1[i] = pack_bf16(a1, b1);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        *reinterpret_cast<uint4*>(&xs[0][lr][lk + 8 * i]) = make_uint4(w0[4 * i], w0[4 * i + 1], w0[4 * i + 2], w0[4 * i + 3]);
+        *reinterpret_cast<uint4*>(&xs[1][lr][lk + 8 * i]) = make_uint4(w1[4 * i], w1[4 * i + 1], w1[4 * i + 2], w1[4 * i + 3]);
+      }
+    }
+    const float* f = reinterpret_cast<const float*>(rv);
+    uint32_t q[3][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float a0, a1, a2, b0, b1, b2;
+      split_bf16(f[2 * i], a0, a1, a2);
+      split_bf16(f[2 * i + 1], b0, b1, b2);
+      q[0][i] = pack_bf16(a0, b0);
+      q[1][i] = pack_bf16(a1, b1);
+      q[2][i] = pack_bf16(a2, b2);
+    }
+#pragma unroll
+    for (int p = 0; p < 3; ++p)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        *reinterpret_cast<uint4*>(&rs[p][lr][lk + 8 * i]) = make_uint4(q[p][4 * i], q[p][4 * i + 1], q[p][4 * i + 2], q[p][4 * i + 3]);
+  };
+  auto mma = [](float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  };
+  const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
+  float acc[2][4][4] = {};
+  load(0);
+  for (int k0 = 0; k0 < H; k0 += kMmaTK) {
+    __syncthreads();  // the previous tile's fragments are read
+    store();
+    __syncthreads();
+    if (k0 + kMmaTK < H) load(k0 + kMmaTK);
+#pragma unroll
+    for (int kk = 0; kk < kMmaTK; kk += 16) {
+      auto w32 = [](const __nv_bfloat16* q) { return *reinterpret_cast<const uint32_t*>(q); };
+      uint32_t a[XP][2][4];
+#pragma unroll
+      for (int p = 0; p < XP; ++p)
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          const int r = wm + 16 * mi + g;
+          a[p][mi][0] = w32(&xs[p][r][kk + 2 * t]);
+          a[p][mi][1] = w32(&xs[p][r + 8][kk + 2 * t]);
+          a[p][mi][2] = w32(&xs[p][r][kk + 2 * t + 8]);
+          a[p][mi][3] = w32(&xs[p][r + 8][kk + 2 * t + 8]);
+        }
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) {
+        const int c = wn + 8 * ni + g;
+        uint32_t b[3][2];
+#pragma unroll
+        for (int p = 0; p < 3; ++p) {
+          b[p][0] = w32(&rs[p][c][kk + 2 * t]);
+          b[p][1] = w32(&rs[p][c][kk + 2 * t + 8]);
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          // Small terms first, so the large ones are added to an accumulator that holds them.
+          if constexpr (kF16) {
+            mma(acc[mi][ni], a[1][mi], b[1][0], b[1][1]);
+            mma(acc[mi][ni], a[1][mi], b[0][0], b[0][1]);
+          }
+          mma(acc[mi][ni], a[0][mi], b[2][0], b[2][1]);
+          mma(acc[mi][ni], a[0][mi], b[1][0], b[1][1]);
+          mma(acc[mi][ni], a[0][mi], b[0][0], b[0][1]);
+        }
+      }
+    }
+  }
+  // C fragment: rows (tokens) g, g + 8 of each 16; columns (experts) 2t, 2t + 1 of each 8.
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int m = m0 + wm + 16 * mi + g + 8 * (r >> 1), e = e0 + wn + 8 * ni + 2 * t + (r & 1);
+        if (m >= M || e >= E_ext) continue;
+        if (e < E) logits[int64_t(m) * E + e] = acc[mi][ni][r];
+        else gate_logit[m] = acc[mi][ni][r];
+      }
+}
+
 // The tiled router: 16-expert tiles for E_ext <= 16, else 64; H split over KS <= 8 CTAs (one
 // cluster) until the tiles x KS cover the SMs, keeping >= 8 k-steps (256 h) per CTA.
 template <class T>
@@ -561,6 +718,17 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
                                             gate_logit, reinterpret_cast<float4*>(zero), zero_n / 4));
         return;
       }
+    }
+    // Many tokens and experts: tensor cores (DeepSeek-V3 M=4096: 15 GFLOP that the fp32 tiled
+    // kernel took 0.74 ms for). Needs 16-byte x rows; few tiles would leave SMs idle (tiled + split).
+    static const bool no_mma = std::getenv("WNA16_NO_ROUTER_MMA") != nullptr;  // A/B switch
+    const int64_t mma_tiles = int64_t((E_ext + kMmaTE - 1) / kMmaTE) * ((M + kMmaTM - 1) / kMmaTM);
+    if (!no_mma && M > kSmallMaxM && E_ext >= 32 && H % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(router) % 16 == 0 && mma_tiles >= sm_count() && (M + kMmaTM - 1) / kMmaTM <= 65535) {
+      const dim3 grid(unsigned((E_ext + kMmaTE - 1) / kMmaTE), unsigned((M + kMmaTM - 1) / kMmaTM));
+      router_mma_kernel<T><<<grid, kMmaThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits, gate_logit,
+                                                        reinterpret_cast<float4*>(zero), zero_n / 4);
+      return;
     }
     if (M <= kSmallMaxM) {
       const dim3 grid(unsigned(E_ext), unsigned((M + kSmallM - 1) / kSmallM));

@@ -890,20 +890,21 @@ TEST_F(RoutingGpu, RefusesBadArgumentsNamingTheValue) {
 // ---- router logits -------------------------------------------------------------------------------
 // x [M, H] (bf16 / f16) times the fp32 router [E_ext, H] transposed, against a float64 dot product
 // of the same rounded inputs, for every router kernel (one row per block, H split over a cluster,
-// tiled with split H; narrow and wide tiles); the gate row (E_ext = E + 1) lands in gate_logit; the
-// accumulator is zeroed; a second launch is bitwise equal (the split sums are added in a fixed order).
-TEST(RouterLogitsGpu, MatchFloat64AndAreDeterministic) {
-  WNA16_REQUIRE_GPU();
-  struct Case { int64_t M; int E, E_ext; int64_t H; DType act; };
-  const Case cases[] = {{1, 256, 256, 7168, DType::BF16}, {8, 8, 8, 4096, DType::F16},    {33, 60, 61, 2048, DType::BF16},
-                        {64, 256, 256, 7168, DType::BF16}, {65, 8, 8, 4096, DType::BF16},  {118, 60, 61, 2048, DType::F16},
-                        {256, 8, 8, 4096, DType::BF16},   {256, 256, 256, 7168, DType::F16}, {300, 16, 17, 1004, DType::BF16},
-                        {517, 16, 16, 1004, DType::F16},  {1024, 64, 64, 2048, DType::BF16}, {40, 3, 4, 100, DType::BF16}};
+// tiled with split H; narrow and wide tiles; tensor cores at many tokens x experts); the gate row
+// (E_ext = E + 1) lands in gate_logit; the accumulator is zeroed; a second launch is bitwise equal
+// (the split sums are added in a fixed order).
+struct RouterCase {
+  int64_t M;
+  int E, E_ext;
+  int64_t H;
+  DType act;
+};
+void expect_router_logits_match(const std::vector<RouterCase>& cases) {
   std::mt19937_64 rng(7);
   std::normal_distribution<float> nd(0.f, 1.f);
   cudaStream_t s;
   CUDA_OK(cudaStreamCreate(&s));
-  for (const Case& c : cases) {
+  for (const RouterCase& c : cases) {
     const std::string what = "M=" + std::to_string(c.M) + " E=" + std::to_string(c.E) + " E_ext=" + std::to_string(c.E_ext) +
                              " H=" + std::to_string(c.H) + " " + dtype_name(c.act);
     std::vector<uint16_t> xh(size_t(c.M * c.H));
@@ -951,6 +952,24 @@ TEST(RouterLogitsGpu, MatchFloat64AndAreDeterministic) {
     }
   }
   CUDA_OK(cudaStreamDestroy(s));
+}
+
+TEST(RouterLogitsGpu, MatchFloat64AndAreDeterministic) {
+  WNA16_REQUIRE_GPU();
+  expect_router_logits_match({{1, 256, 256, 7168, DType::BF16}, {8, 8, 8, 4096, DType::F16},
+                              {33, 60, 61, 2048, DType::BF16},  {64, 256, 256, 7168, DType::BF16},
+                              {65, 8, 8, 4096, DType::BF16},    {118, 60, 61, 2048, DType::F16},
+                              {256, 8, 8, 4096, DType::BF16},   {256, 256, 256, 7168, DType::F16},
+                              {300, 16, 17, 1004, DType::BF16}, {517, 16, 16, 1004, DType::F16},
+                              {1024, 64, 64, 2048, DType::BF16}, {40, 3, 4, 100, DType::BF16}});
+}
+
+// The tensor-core router (at least one 64 x 64 tile per SM): partial tiles in M, E_ext and the
+// last 32-k step, a gate row, bf16 and f16. Small enough for the sanitizer subsets.
+TEST(RouterLogitsGpu, TensorCoreTilesMatchFloat64) {
+  WNA16_REQUIRE_GPU();
+  expect_router_logits_match({{8448, 64, 64, 512, DType::BF16}, {4200, 128, 129, 1008, DType::F16},
+                              {4200, 128, 129, 1008, DType::BF16}});
 }
 
 }  // namespace

@@ -436,7 +436,6 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.epilogue = r.epilogue == GemmEpilogue::SiluMul ? 0 : 1;
   kp.x_kperm = r.x_kperm ? 1 : 0;
   kp.out_kperm = r.out_kperm ? 1 : 0;
-  kp.x_rows = r.epilogue == GemmEpilogue::SiluMul ? r.num_slots / r.topk : r.max_blocks * gemm_config_block_m(r.config);
   kp.mb_done = r.mb_done;
   kp.mb_done_target = r.mb_done_target;
   kp.item_claim = r.epilogue == GemmEpilogue::WeightedSum ? r.item_claim : nullptr;

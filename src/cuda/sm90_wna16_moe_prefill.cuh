@@ -49,9 +49,6 @@
 // chunk (2 tiles x 4 k-steps x 4 registers), fence, 8 wgmmas, commit. The two warpgroups drift into
 // a ping-pong: one dequantises while the other's wgmmas run.
 #pragma once
-#include <cuda.h>  // CUtensorMap (the tensor map is encoded through the runtime's driver entry point)
-#include <cudaTypedefs.h>
-
 #include "cuda/sm90_wna16_moe_gemm.cuh"
 
 namespace wna16::cuda::gemm {
@@ -147,16 +144,6 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
                : "memory");
 }
 
-// One 128-byte row of a k-permuted x chunk (tensor map box 64 x 1, 128-byte swizzle) into shared
-// memory at dst, counted on bar. The copy engine swizzles by the shared-memory address, so row r
-// of a 1024-byte aligned tile lands exactly as the wgmma B operand wants it (unit c at c ^ (r & 7)).
-__device__ __forceinline__ void tma_row_g2s(uint32_t dst, const CUtensorMap* map, int k0, int row, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row), "r"(bar)
-      : "memory");
-}
-
 // One k-step's 2 wgmmas (tile 0 and tile 1 of each warp) with N = 16 * NSEL token columns.
 template <int NSEL, class T>
 __device__ __forceinline__ void prefill_mma_step(float (&acc)[2][kWgmmaAcc], const uint32_t (&a)[2][4], uint64_t desc) {
@@ -166,11 +153,8 @@ __device__ __forceinline__ void prefill_mma_step(float (&acc)[2][kWgmmaAcc], con
 #endif
 }
 
-// x_map (x_tma != 0, k-permuted x only): x rows by the copy engine (one 128-byte row per copy,
-// issued by warp 0), on the stage's mbarrier with the weights; else per-thread cp.async.
 template <class T, int BITS>
-__global__ void __launch_bounds__(CfgM144W::THREADS, 1)
-    wna16_moe_prefill_kernel(const KParams p, const __grid_constant__ CUtensorMap x_map, const int x_tma) {
+__global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel(const KParams p) {
 #ifdef WNA16_HAVE_WGMMA
   using S = PrefillSmem<BITS>;
   constexpr int U = S::U, STAGES = S::STAGES, PF = STAGES - 2;
@@ -236,9 +220,7 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1)
     }
     auto load_stage = [&](int kc, int st) {
       unsigned char* sb = smem + st * S::kStage;
-      if (x_tma) {
-        // Tokens: warp 0, after thread 0's expect_tx below (same warp, program order).
-      } else if (kperm) {
+      if (kperm) {
         // Tokens, k-permuted x: one 16-byte copy per row.
 #pragma unroll
         for (int i = 0; i < XROWS; ++i)
@@ -263,8 +245,7 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1)
         const uint32_t bar = full0 + 8 * st, sbase = smem_addr(sb);
         const uint32_t wbytes = uint32_t(ntiles * U * 32 * 16), mbytes = uint32_t(ntiles * 8 * 4);
         const int nslots = slot_mask == 0 ? 1 : slot_mask == 2 ? 2 : 4;
-        const uint32_t xbytes = x_tma ? uint32_t(nvalid) * 128u : 0u;
-        mbar_arrive_expect_tx(bar, xbytes + wbytes + uint32_t(nslots) * mbytes * (p.zeros ? 2u : 1u));
+        mbar_arrive_expect_tx(bar, wbytes + uint32_t(nslots) * mbytes * (p.zeros ? 2u : 1u));
         bulk_copy_g2s(sbase + S::kXBytes, wexp + int64_t(kc) * wstride, wbytes, bar);
         for (int slot = 0; slot < 4; ++slot) {
           if ((slot & slot_mask) != slot) continue;
@@ -275,11 +256,6 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1)
           bulk_copy_g2s(dst, p.scales + off, mbytes, bar);
           if (p.zeros) bulk_copy_g2s(dst + S::kMetaBytes, p.zeros + off, mbytes, bar);
         }
-      }
-      if (x_tma && warp == 0) {
-        __syncwarp();  // thread 0's expect_tx first (the tx count may not go below what it expects)
-        const uint32_t bar = full0 + 8 * st, xdst = smem_addr(sb);
-        for (int r = lane; r < nvalid; r += 32) tma_row_g2s(xdst + uint32_t(r * 128), &x_map, kc * 64, s_src[r], bar);
       }
     };
 
@@ -409,35 +385,6 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1)
 #endif
 }
 
-// x [rows, K] (2-byte elements, row stride `stride` elements) as a tensor map of 64 x 1 boxes
-// with the 128-byte swizzle: one box is one k-chunk of one token row.
-// The driver's encoder, looked up once (first from prepare_prefill, at layer construction: never
-// inside a stream capture).
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    WNA16_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || !fn) throw Error("tile config m144w: the driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
-
-inline void encode_x_rows_map(CUtensorMap* map, const void* x, int64_t K, int64_t rows, int64_t stride) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || (stride * 2) % 16 != 0 || K % 64 != 0 || rows < 1 || rows > (int64_t(1) << 32))
-    throw Error("tile config m144w: x (K=" + std::to_string(K) + ", " + std::to_string(rows) + " rows, stride " +
-                std::to_string(stride) + ") cannot be a tensor map (16-byte rows and base needed)");
-  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(stride * 2)};
-  const cuuint32_t box[2] = {64, 1}, elem[2] = {1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(x), dims, strides, box, elem,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) throw Error("tile config m144w: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
-}
-
 // Once per instantiation: shared-memory limit and blocks per SM (graph capture never hits a
 // first-use cudaFuncSetAttribute: prepare_moe_gemm calls this at layer construction).
 template <class T, int BITS>
@@ -460,7 +407,6 @@ int prepare_prefill() {
     WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, CfgM144W::THREADS, S::kBytes));
     if (n < 1) throw Error("tile config m144w cannot be resident on this device");
     blocks_per_sm = n;
-    tensor_map_encoder();
   });
   return blocks_per_sm;
 }
@@ -474,17 +420,12 @@ void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t strea
     throw Error("tile config m144w: scales/zeros not 16-byte aligned per group (meta_stride=" +
                 std::to_string(kp.meta_stride) + ", NT=" + std::to_string(kp.NT) + ")");
   const int bps = prepare_prefill<T, BITS>();
-  // k-permuted x: token rows by the copy engine (A/B switch: WNA16_NO_PREFILL_TMA_X=1).
-  static const bool no_tma_x = std::getenv("WNA16_NO_PREFILL_TMA_X") != nullptr;
-  CUtensorMap x_map{};
-  const int x_tma = kp.x_kperm && !no_tma_x ? 1 : 0;
-  if (x_tma) encode_x_rows_map(&x_map, kp.x, kp.K, kp.x_rows, kp.x_stride);
   const int64_t nb_count = (kp.NT + CfgM144W::NTB - 1) / CfgM144W::NTB;
   const int64_t upper = upper_mblocks * nb_count * kp.splits;
   // Up to 4 waves of resident blocks (one item each, the hardware balances uneven SMs); beyond
   // that the persistent loop.
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, 4 * int64_t(device_info().sms) * bps));
-  wna16_moe_prefill_kernel<T, BITS><<<dim3(unsigned(grid)), dim3(CfgM144W::THREADS), S::kBytes, stream>>>(kp, x_map, x_tma);
+  wna16_moe_prefill_kernel<T, BITS><<<dim3(unsigned(grid)), dim3(CfgM144W::THREADS), S::kBytes, stream>>>(kp);
   WNA16_CUDA_CHECK_LAUNCH();
 }
 

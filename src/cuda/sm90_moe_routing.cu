@@ -118,13 +118,6 @@ struct RouteScratch {
   float out_val[kRouteMaxTopK];
 };
 
-// The one-token align tables: warps 1..3 (the sentinel fill) and warp 0 (the entries) meet at this
-// barrier from two places in the code, so a PTX named barrier (complete when all kRouteThreads
-// threads arrived, wherever they arrive), not __syncthreads (whose condition must be block-uniform).
-__device__ __forceinline__ void align_fill_barrier() {
-  asm volatile("bar.sync 1, %0;" ::"n"(kRouteThreads) : "memory");
-}
-
 // One warp per token. Lane l holds experts e = j * 32 + l (j < VPL): coalesced row loads.
 // Every reduction that the reference does as a sequence of argmax rounds is done here as a rank
 // count in the total order `beats` (value desc, index asc), which gives the same set and order:
@@ -168,7 +161,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (m >= p.M) {  // warp-uniform
-    if (a.sorted) align_fill_barrier();  // the fill is done
+    if (a.sorted) __syncthreads();  // the fill is done
     return;
   }
   RouteScratch<VPL>& sc = scratch[threadIdx.x >> 5];
@@ -364,7 +357,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
     int rank = 0;  // experts with a smaller id
     for (int i = 0; i < n; ++i) rank += __shfl_sync(0xffffffffu, id, i) < id;
     // The other warps' sentinel fill lands before the writes below (same addresses).
-    align_fill_barrier();
+    __syncthreads();
     if (lane < n) {
       a.sorted[int64_t(rank) * a.block_m] = lane;
       a.expert_ids[rank] = id;

@@ -14,6 +14,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/moe_layer_kernels.h"
+#include "cuda/sm90_wna16_moe_gemm.cuh"  // gemm::Act<T>::mma
 #include "wna16/error.h"
 
 namespace wna16::cuda {
@@ -588,12 +589,7 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
       for (int i = 0; i < 2; ++i)
         *reinterpret_cast<uint4*>(&rs[p][lr][lk + 8 * i]) = make_uint4(q[p][4 * i], q[p][4 * i + 1], q[p][4 * i + 2], q[p][4 * i + 3]);
   };
-  auto mma = [](float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  };
+  auto mma = gemm::Act<__nv_bfloat16>::mma;  // the GEMM kernels' bf16 m16n8k16, fp32 accumulate
   const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
   float acc[2][4][4] = {};
   load(0);

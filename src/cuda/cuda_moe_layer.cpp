@@ -615,17 +615,14 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
   Impl::Call c;
   if (!d.begin_call(x, out, M, act, workspace, workspace_size, stream, &c)) return;
   const Workspace& L = c.L;
-  const int config = c.config;
-  const cudaStream_t st = c.st;
-  char* ws = c.ws;
-  const int bm = gemm_config_block_m(config);
+  const int bm = gemm_config_block_m(c.config);
   // The loop pattern needs the per-expert block ranges on the host.
   int32_t ntpp = 0;
   std::vector<int32_t> eids(size_t(L.max_blocks));
-  WNA16_CUDA_CHECK(cudaMemcpyAsync(&ntpp, ws + L.ntpp, 4, cudaMemcpyDeviceToHost, st));
-  WNA16_CUDA_CHECK(cudaMemcpyAsync(eids.data(), ws + L.eids, eids.size() * 4, cudaMemcpyDeviceToHost, st));
-  WNA16_CUDA_CHECK(cudaStreamSynchronize(st));
-  GemmRun r = d.align_driven_run(act, config, M, ws, L);
+  WNA16_CUDA_CHECK(cudaMemcpyAsync(&ntpp, c.ws + L.ntpp, 4, cudaMemcpyDeviceToHost, c.st));
+  WNA16_CUDA_CHECK(cudaMemcpyAsync(eids.data(), c.ws + L.eids, eids.size() * 4, cudaMemcpyDeviceToHost, c.st));
+  WNA16_CUDA_CHECK(cudaStreamSynchronize(c.st));
+  GemmRun r = d.align_driven_run(act, c.config, M, c.ws, L);
   std::vector<std::pair<int64_t, int64_t>> runs;  // (first block, block count) per expert
   const int64_t nblocks = ntpp / bm;
   for (int64_t b = 0; b < nblocks;) {
@@ -635,22 +632,22 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
     b = e;
   }
   for (const auto& [b0, nb] : runs) {
-    d.set_gemm1(r, x, ws, L);
+    d.set_gemm1(r, x, c.ws, L);
     r.mb_begin = b0;
     r.mb_count = nb;
     r.splits = 1;
-    launch_moe_gemm(d.g1, r, st);
+    launch_moe_gemm(d.g1, r, c.st);
   }
   for (const auto& [b0, nb] : runs) {
-    d.set_gemm2(r, c.acc, c.w2, ws, L);
+    d.set_gemm2(r, c.acc, c.w2, c.ws, L);
     r.mb_begin = b0;
     r.mb_count = nb;
-    r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);
-    launch_moe_gemm(d.g2, r, st);
+    r.splits = choose_splits(d.g2, c.config, act, M, d.k2, r.decode_4tiles);
+    launch_moe_gemm(d.g2, r, c.st);
   }
   // After the last GEMM2 launch (plain launches here) the cast, a programmatic dependent: its
   // griddepcontrol.wait waits for that launch, which ran after every launch before it.
-  launch_cast_out(c.acc, out, act, M * d.H, st);
+  launch_cast_out(c.acc, out, act, M * d.H, c.st);
 }
 
 // ---- backend adapter ---------------------------------------------------------------------------

@@ -128,7 +128,7 @@ struct RouteScratch {
 //    (k lane maxima are >= T), and nothing beaten by T beats such an expert, so the top k are the
 //    ranks < k among the candidates not beaten by T (at most k * VPL, usually about k).
 template <int VPL, int DT>
-// (min blocks 1: with the block barrier ptxas otherwise capped VPL 32 at 128 registers and spilled)
+// (min blocks 1: ptxas otherwise capped VPL 32 at 128 registers and spilled)
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const RouteParams p) {
   __shared__ RouteScratch<VPL> scratch[kRouteWarps];
   // Programmatic dependent launch (no-ops unless the launches carry the attribute): the next
@@ -150,20 +150,26 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
 #pragma unroll
     for (int j = 0; j < VPL; ++j) bia[j] = __ldg(p.bias + min(j * 32 + lane, E - 1));
   }
+  // The fill skips exactly the entries the routing warp writes (sorted[r * block_m] and
+  // expert_ids[r] for the n = top_k + S ranks r): no two threads store to one address, so the
+  // warps need no barrier between them.
   const RoutingAlignOut& a = p.align;
   if (a.sorted && m >= p.M) {
     const int t = threadIdx.x - 32, nt = kRouteThreads - 32;
     const int n = int(p.ld);
-    const int64_t n4 = reinterpret_cast<uintptr_t>(a.sorted) % 16 == 0 ? a.max_padded / 4 : 0;
-    for (int64_t i = t; i < n4; i += nt) reinterpret_cast<int4*>(a.sorted)[i] = make_int4(n, n, n, n);
-    for (int64_t i = 4 * n4 + t; i < a.max_padded; i += nt) a.sorted[i] = n;
-    for (int64_t b = t; b < a.max_blocks; b += nt) a.expert_ids[b] = -1;
+    const int64_t head = std::min<int64_t>(int64_t(n) * a.block_m, a.max_padded);  // holds the entries
+    for (int64_t i = t; i < head; i += nt)
+      if (i % a.block_m != 0) a.sorted[i] = n;
+    const bool v4 = reinterpret_cast<uintptr_t>(a.sorted) % 16 == 0;
+    const int64_t v0 = v4 ? std::min<int64_t>((head + 3) / 4 * 4, a.max_padded) : a.max_padded;
+    for (int64_t i = head + t; i < v0; i += nt) a.sorted[i] = n;
+    const int64_t v1 = v4 ? v0 + (a.max_padded - v0) / 4 * 4 : v0;
+    for (int64_t i = v0 / 4 + t; i < v1 / 4; i += nt) reinterpret_cast<int4*>(a.sorted)[i] = make_int4(n, n, n, n);
+    for (int64_t i = v1 + t; i < a.max_padded; i += nt) a.sorted[i] = n;
+    for (int64_t b = n + t; b < a.max_blocks; b += nt) a.expert_ids[b] = -1;
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (m >= p.M) {  // warp-uniform
-    if (a.sorted) __syncthreads();  // the fill is done
-    return;
-  }
+  if (m >= p.M) return;  // warp-uniform
   RouteScratch<VPL>& sc = scratch[threadIdx.x >> 5];
   const unsigned lt = (1u << lane) - 1u;
 
@@ -356,8 +362,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
     const int id = lane < p.top_k ? my_id + p.S : lane < n ? lane - p.top_k : -1;
     int rank = 0;  // experts with a smaller id
     for (int i = 0; i < n; ++i) rank += __shfl_sync(0xffffffffu, id, i) < id;
-    // The other warps' sentinel fill lands before the writes below (same addresses).
-    __syncthreads();
     if (lane < n) {
       a.sorted[int64_t(rank) * a.block_m] = lane;
       a.expert_ids[rank] = id;

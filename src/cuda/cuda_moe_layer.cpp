@@ -202,6 +202,7 @@ struct CudaMoeLayer::Impl {
     r.epilogue = GemmEpilogue::WeightedSum;
     r.x = ws + L.inter;
     r.x_stride = I;
+    r.x_rows = L.max_padded;  // the intermediate's allocated rows
     r.out = acc;
     r.topk_weights = w2;
   }

@@ -141,6 +141,9 @@ struct GemmRun {
   // aligned with x_stride a multiple of 8.
   bool x_kperm = false;
   bool out_kperm = false;
+  // WeightedSum with x_kperm: the rows of x that are allocated (0: unknown). With it the prefill
+  // kernel copies each chunk of an m-block's token tile as one tensor copy (rows past it: zeros).
+  int64_t x_rows = 0;
   // M-block handoff between the two decode-kernel GEMMs of a layer call (config m8 without
   // act-order, refused elsewhere): GEMM1 (SiluMul) adds, per m-block, the tile pairs whose
   // intermediate it has stored to mb_done[mb]; GEMM2 (WeightedSum, a programmatic dependent of

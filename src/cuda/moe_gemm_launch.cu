@@ -16,6 +16,7 @@
 #include "cuda/sm90_wna16_moe_decode.cuh"
 #include "cuda/sm90_wna16_moe_prefill.cuh"
 #include "wna16/error.h"
+#include "wna16/reference.h"
 
 namespace wna16::cuda {
 namespace gemm {
@@ -400,6 +401,10 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
       throw Error("x of " + std::to_string(x_rows) + " rows x " + std::to_string(r.x_stride) +
                   " elements is above the kernels' 2^31 element index range");
   }
+  if (r.x_rows < 0 || (r.x_rows > 0 && r.epilogue == GemmEpilogue::WeightedSum &&
+                        r.x_rows < max_padded_slots(r.num_slots, w.E, gemm_config_block_m(r.config))))
+    throw Error("x_rows=" + std::to_string(r.x_rows) + " is below the align step's bound on the padded rows (" +
+                std::to_string(max_padded_slots(r.num_slots, w.E, gemm_config_block_m(r.config))) + ")");
   if (w.E * w.G * w.NT * 8 >= (int64_t(1) << 31))
     throw Error("scale table of " + std::to_string(w.E * w.G * w.NT * 8) + " words is above the kernel's 2^31 index range");
   if (r.num_slots == 0 || r.mb_count == 0) return;
@@ -436,6 +441,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.epilogue = r.epilogue == GemmEpilogue::SiluMul ? 0 : 1;
   kp.x_kperm = r.x_kperm ? 1 : 0;
   kp.out_kperm = r.out_kperm ? 1 : 0;
+  kp.x_rows = r.epilogue == GemmEpilogue::WeightedSum ? r.x_rows : 0;  // 0: extent unknown
   kp.mb_done = r.mb_done;
   kp.mb_done_target = r.mb_done_target;
   kp.item_claim = r.epilogue == GemmEpilogue::WeightedSum ? r.item_claim : nullptr;

@@ -290,6 +290,7 @@ struct KParams {
   int decode_ppw;        // decode kernel only: tile pairs per warp (1; 2: the int4 4-tile variant)
   int x_kperm;           // prefill kernel only: x k-permuted (kperm_pos): 16-byte token copies
   int out_kperm;         // prefill kernel only, GEMM1: output written k-permuted
+  int64_t x_rows;        // prefill kernel, GEMM2: rows of x allocated (GemmRun::x_rows); 0: unknown
   int32_t* mb_done;      // decode kernel only, null: none. GEMM1: tile pairs stored per m-block;
   int mb_done_target;    // GEMM2: waits per m-block for mb_done[mb] >= mb_done_target
   int32_t* item_claim;   // decode kernel only, GEMM2 with mb_done: work items taken from this counter

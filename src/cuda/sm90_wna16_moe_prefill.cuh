@@ -49,6 +49,9 @@
 // chunk (2 tiles x 4 k-steps x 4 registers), fence, 8 wgmmas, commit. The two warpgroups drift into
 // a ping-pong: one dequantises while the other's wgmmas run.
 #pragma once
+#include <cuda.h>  // CUtensorMap (the tensor map is encoded through the runtime's driver entry point)
+#include <cudaTypedefs.h>
+
 #include "cuda/sm90_wna16_moe_gemm.cuh"
 
 namespace wna16::cuda::gemm {
@@ -144,6 +147,17 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
                : "memory");
 }
 
+// A GEMM2 token tile: BLOCK_M rows of 128 bytes (one k-chunk of the k-permuted intermediate, whose
+// rows are already in m-block order) as one tensor copy (box 64 x BLOCK_M, 128-byte swizzle) into
+// the 1024-byte aligned tile at dst, counted on bar: unit c of row r lands at c ^ (r & 7), as the
+// wgmma B operand wants it. Rows past the tensor's extent arrive as zeros (they are padding).
+__device__ __forceinline__ void tma_tile_g2s(uint32_t dst, const CUtensorMap* map, int k0, int row0, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(bar)
+      : "memory");
+}
+
 // One k-step's 2 wgmmas (tile 0 and tile 1 of each warp) with N = 16 * NSEL token columns.
 template <int NSEL, class T>
 __device__ __forceinline__ void prefill_mma_step(float (&acc)[2][kWgmmaAcc], const uint32_t (&a)[2][4], uint64_t desc) {
@@ -153,8 +167,12 @@ __device__ __forceinline__ void prefill_mma_step(float (&acc)[2][kWgmmaAcc], con
 #endif
 }
 
+// x_map (x_tma != 0: GEMM2 with the k-permuted intermediate): the token tile by the copy engine,
+// one tensor copy per chunk from thread 0 on the stage's mbarrier; else per-thread cp.async.
+// NOTE: per-row tensor copies (144 per chunk) were tried for GEMM1's gathered rows: 3x slower.
 template <class T, int BITS>
-__global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel(const KParams p) {
+__global__ void __launch_bounds__(CfgM144W::THREADS, 1)
+    wna16_moe_prefill_kernel(const KParams p, const __grid_constant__ CUtensorMap x_map, const int x_tma) {
 #ifdef WNA16_HAVE_WGMMA
   using S = PrefillSmem<BITS>;
   constexpr int U = S::U, STAGES = S::STAGES, PF = STAGES - 2;
@@ -220,7 +238,9 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel
     }
     auto load_stage = [&](int kc, int st) {
       unsigned char* sb = smem + st * S::kStage;
-      if (kperm) {
+      if (x_tma) {
+        // Tokens: thread 0's tensor copy below.
+      } else if (kperm) {
         // Tokens, k-permuted x: one 16-byte copy per row.
 #pragma unroll
         for (int i = 0; i < XROWS; ++i)
@@ -245,8 +265,10 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel
         const uint32_t bar = full0 + 8 * st, sbase = smem_addr(sb);
         const uint32_t wbytes = uint32_t(ntiles * U * 32 * 16), mbytes = uint32_t(ntiles * 8 * 4);
         const int nslots = slot_mask == 0 ? 1 : slot_mask == 2 ? 2 : 4;
-        mbar_arrive_expect_tx(bar, wbytes + uint32_t(nslots) * mbytes * (p.zeros ? 2u : 1u));
+        const uint32_t xbytes = x_tma ? uint32_t(BM * 128) : 0u;
+        mbar_arrive_expect_tx(bar, xbytes + wbytes + uint32_t(nslots) * mbytes * (p.zeros ? 2u : 1u));
         bulk_copy_g2s(sbase + S::kXBytes, wexp + int64_t(kc) * wstride, wbytes, bar);
+        if (x_tma) tma_tile_g2s(sbase, &x_map, kc * 64, mb * BM, bar);
         for (int slot = 0; slot < 4; ++slot) {
           if ((slot & slot_mask) != slot) continue;
           const int k = kc * 64 + slot * 16;
@@ -385,6 +407,35 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1) wna16_moe_prefill_kernel
 #endif
 }
 
+// x [rows, K] (2-byte elements, row stride `stride` elements; rows = what is allocated) as a
+// tensor map of 64 x box_rows boxes with the 128-byte swizzle: one box is one k-chunk of an m-block.
+// The driver's encoder, looked up once (first from prepare_prefill, at layer construction: never
+// inside a stream capture).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    WNA16_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !fn) throw Error("tile config m144w: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+inline void encode_x_tile_map(CUtensorMap* map, const void* x, int64_t K, int64_t rows, int64_t stride, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || (stride * 2) % 16 != 0 || K % 64 != 0 || rows < 1 || rows > (int64_t(1) << 32))
+    throw Error("tile config m144w: x (K=" + std::to_string(K) + ", " + std::to_string(rows) + " rows, stride " +
+                std::to_string(stride) + ") cannot be a tensor map (16-byte rows and base needed)");
+  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(stride * 2)};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)}, elem[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(x), dims, strides, box, elem,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) throw Error("tile config m144w: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+}
+
 // Once per instantiation: shared-memory limit and blocks per SM (graph capture never hits a
 // first-use cudaFuncSetAttribute: prepare_moe_gemm calls this at layer construction).
 template <class T, int BITS>
@@ -407,6 +458,7 @@ int prepare_prefill() {
     WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, CfgM144W::THREADS, S::kBytes));
     if (n < 1) throw Error("tile config m144w cannot be resident on this device");
     blocks_per_sm = n;
+    tensor_map_encoder();
   });
   return blocks_per_sm;
 }
@@ -420,12 +472,18 @@ void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t strea
     throw Error("tile config m144w: scales/zeros not 16-byte aligned per group (meta_stride=" +
                 std::to_string(kp.meta_stride) + ", NT=" + std::to_string(kp.NT) + ")");
   const int bps = prepare_prefill<T, BITS>();
+  // GEMM2 over the k-permuted intermediate of known extent: the token tile by one tensor copy per
+  // chunk (A/B switch: WNA16_NO_PREFILL_TMA_X=1).
+  static const bool no_tma_x = std::getenv("WNA16_NO_PREFILL_TMA_X") != nullptr;
+  CUtensorMap x_map{};
+  const int x_tma = kp.epilogue == 1 && kp.x_kperm && kp.x_rows > 0 && !no_tma_x ? 1 : 0;
+  if (x_tma) encode_x_tile_map(&x_map, kp.x, kp.K, kp.x_rows, kp.x_stride, CfgM144W::BLOCK_M);
   const int64_t nb_count = (kp.NT + CfgM144W::NTB - 1) / CfgM144W::NTB;
   const int64_t upper = upper_mblocks * nb_count * kp.splits;
   // Up to 4 waves of resident blocks (one item each, the hardware balances uneven SMs); beyond
   // that the persistent loop.
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, 4 * int64_t(device_info().sms) * bps));
-  wna16_moe_prefill_kernel<T, BITS><<<dim3(unsigned(grid)), dim3(CfgM144W::THREADS), S::kBytes, stream>>>(kp);
+  wna16_moe_prefill_kernel<T, BITS><<<dim3(unsigned(grid)), dim3(CfgM144W::THREADS), S::kBytes, stream>>>(kp, x_map, x_tma);
   WNA16_CUDA_CHECK_LAUNCH();
 }
 

@@ -92,6 +92,7 @@ struct GemmCase {
   bool diag = false;  // print the first mismatching (position, column) entries and a histogram
   bool tiles4 = false;  // decode kernel: the 4-tile variant (two tile pairs per warp; int4 only)
   bool kperm = false;   // m144w: x and the intermediate k-permuted (GemmRun::x_kperm / out_kperm)
+  bool x_extent = false;  // GEMM2: pass the intermediate's rows (GemmRun::x_rows: m144w tensor copies)
   bool handoff = false;  // decode kernel: the m-block handoff counters (GemmRun::mb_done, item_claim)
   // Decode GEMM1: S shared slices (kernel experts 0..S-1, every token's last S choices) run ahead
   // of the wait for the align step (GemmRun::pre_wait_slices), which runs on the GPU right before.
@@ -102,7 +103,7 @@ std::string describe(const GemmCase& c) {
   return "int" + std::to_string(c.bits) + " " + dtype_name(c.act) + " group " + std::to_string(c.gl) +
          (c.zeros ? " asym" : " sym") + " config " + gemm_config_name(c.config) + " M=" + std::to_string(c.M) +
          " kw=" + std::to_string(c.decode_kw) + " splits=" + std::to_string(c.splits) + (c.tiles4 ? " 4-tile" : "") +
-         (c.kperm ? " k-permuted" : "") + (c.handoff ? " handoff" : "") +
+         (c.kperm ? " k-permuted" : "") + (c.x_extent ? " x-extent" : "") + (c.handoff ? " handoff" : "") +
          (c.pre_wait ? " pre-wait S=" + std::to_string(c.pre_wait) : "");
 }
 
@@ -311,6 +312,7 @@ void run_gemm_case(const GemmCase& c) {
   r.out_kperm = false;  // GEMM2 reads the k-permuted intermediate (x_kperm stays)
   r.x = d_inter.p;
   r.x_stride = I;
+  r.x_rows = c.x_extent ? max_padded : 0;
   r.out = d_out.p;
   r.topk_weights = static_cast<const float*>(d_tw.p);
   const DeviceGemm dg2 = dev(g2, d_q2, d_s2, d_z2);
@@ -403,10 +405,12 @@ TEST(MoeGemm, PrefillWgmmaDiagnostics) {
       {8, DType::F16, 0, false, 257},   {4, DType::BF16, 0, true, 9},
   };
   for (const auto& k : cases)
-    for (bool kperm : {false, true}) {  // natural x (4-byte token copies) and k-permuted x (16-byte)
+    for (int mode = 0; mode < 3; ++mode) {  // natural x (4-byte token copies), k-permuted x (16-byte),
+                                            // k-permuted with GEMM2's extent (one tensor copy per chunk)
       GemmCase c{k.bits, k.act, k.gl, k.zeros, config, k.M};
       c.diag = true;
-      c.kperm = kperm;
+      c.kperm = mode > 0;
+      c.x_extent = mode == 2;
       std::printf("[ prefill ] %s\n", describe(c).c_str());
       run_gemm_case(c);
       c.splits = 3;  // split-K of GEMM2 (atomics of partial sums)

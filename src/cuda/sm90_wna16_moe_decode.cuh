@@ -192,6 +192,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
     // B operand: lane (g, tig) feeds token column g with real k 16*tig .. +16 of each chunk.
     const int my_slot = __shfl_sync(0xffffffffu, slot, g);
+    // Weighted sum: the routing weights of this lane's C columns (2*tig, 2*tig + 1), requested now
+    // so that their round trip overlaps the item instead of preceding the epilogue's atomics.
+    // (int4 only: with int8's ring the two registers made ptxas spill.)
+    constexpr bool kEarlyWt = BITS == 4;
+    float wt[2] = {0.f, 0.f};
+    if (kEarlyWt && p.epilogue != 0) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int s = __shfl_sync(0xffffffffu, slot, 2 * tig + e);
+        if (s >= 0) wt[e] = __ldg(p.topk_weights + s);
+      }
+    }
     const T* xrow = nullptr;
     if (my_slot >= 0) {
       const int64_t src = p.epilogue == 0 ? my_slot / p.topk : int64_t(mb) * kDecodeBM + g;
@@ -458,7 +470,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       for (int e = 0; e < 2; ++e) {
         const int s = e ? slot1 : slot0;
         if (s < 0) continue;
-        const float w = __ldg(p.topk_weights + s);
+        const float w = kEarlyWt ? wt[e] : __ldg(p.topk_weights + s);
         float* orow = out + int64_t(s / p.topk) * p.out_stride;
 #pragma unroll
         for (int i = 0; i < NTW; ++i) {

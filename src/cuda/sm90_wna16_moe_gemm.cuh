@@ -313,16 +313,25 @@ __device__ __forceinline__ WorkItem decode_item(const KParams& p, int64_t item, 
 }
 
 // The staged and prefill kernels' token tables of m-block mb: s_slot[c] = the slot of token column c
-// (-1: padding), s_src[c] = the x row that feeds it. Returns the valid columns, block-wide (they
-// form a prefix: align pads each expert's run at its end). Every thread of the block calls it.
+// (-1: padding), s_src[c] = the x row that feeds it; for the weighted sum (epilogue 1) also the
+// column's output row s_orow[c] (its token) and routing weight s_wt[c], read here once per item
+// by all columns at once: read in the epilogue, each weight was a dependent L2 round trip per
+// column (ncu, prefill GEMM2 at DeepSeek-V3 M=4096: the epilogue's FMULs waited on them).
+// Returns the valid columns, block-wide (they form a prefix: align pads each expert's run at its
+// end). Every thread of the block calls it.
 template <int BM>
-__device__ __forceinline__ int fill_row_tables(const KParams& p, int mb, int tid, int* s_slot, int* s_src) {
+__device__ __forceinline__ int fill_row_tables(const KParams& p, int mb, int tid, int* s_slot, int* s_src, int* s_orow,
+                                               float* s_wt) {
   int is_valid = 0;
   if (tid < BM) {
     const int slot = __ldg(p.sorted_ids + int64_t(mb) * BM + tid);
     is_valid = slot >= 0 && slot < p.num_slots;
     s_slot[tid] = is_valid ? slot : -1;
     s_src[tid] = !is_valid ? -1 : (p.epilogue == 0 ? slot / p.topk : mb * BM + tid);
+    if (p.epilogue != 0) {
+      s_orow[tid] = is_valid ? slot / p.topk : -1;
+      s_wt[tid] = is_valid ? __ldg(p.topk_weights + slot) : 0.f;
+    }
   }
   return __syncthreads_count(is_valid);
 }
@@ -348,6 +357,8 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int s_src[BM];   // x row feeding each token column; -1: padding
   __shared__ int s_slot[BM];  // slot (token * topk + choice) of each column; -1: padding
+  __shared__ int s_orow[BM];  // weighted sum: output row (token) of each column
+  __shared__ float s_wt[BM];  // weighted sum: routing weight of each column
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tig = lane & 3;
@@ -363,7 +374,7 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
     const WorkItem it = decode_item(p, item, nb_count);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     __syncthreads();  // the previous item is done with s_src / s_slot and every stage buffer
-    const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src);
+    const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src, s_orow, s_wt);
     if (expert < 0 || nvalid == 0) continue;  // uniform across the block
     const int nact = (nvalid + 7) / 8;        // 8-token MMA columns holding at least one token
     const int kc0 = split * p.kc_per_split;
@@ -644,10 +655,10 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int col = t * 8 + 2 * tig + e;
-            const int slot = t < nact ? s_slot[col] : -1;
-            if (slot >= 0) {
-              const float w = __ldg(p.topk_weights + slot);
-              float* orow = out + int64_t(slot / p.topk) * p.out_stride;
+            const int orow_i = t < nact ? s_orow[col] : -1;
+            if (orow_i >= 0) {
+              const float w = s_wt[col];
+              float* orow = out + int64_t(orow_i) * p.out_stride;
               atomicAdd(orow + n_lo, w * acc[i][t][e]);
               atomicAdd(orow + n_lo + 8, w * acc[i][t][2 + e]);
             }

@@ -181,6 +181,8 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_src[BM];   // x row feeding each token column; -1: padding
   __shared__ int s_slot[BM];  // slot (token * topk + choice) of each column; -1: padding
+  __shared__ int s_orow[BM];  // weighted sum: output row (token) of each column
+  __shared__ float s_wt[BM];  // weighted sum: routing weight of each column
   __shared__ __align__(8) uint64_t s_full[STAGES];  // stage s's weights and scales have landed
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t smem_base = smem_addr(smem);
@@ -211,7 +213,7 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1)
     const WorkItem it = decode_item(p, item, nb_count);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     __syncthreads();  // the previous item is done with s_src / s_slot and every stage buffer
-    const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src);
+    const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src, s_orow, s_wt);
     if (expert < 0 || nvalid == 0) continue;  // uniform across the block
     const int kc0 = split * p.kc_per_split;
     const int kc_end = min(p.KC, kc0 + p.kc_per_split);
@@ -393,9 +395,8 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1)
         const int n_lo = (tile0 + i) * 16 + g;
         if (n_lo >= p.N) continue;
         each_token([&](int col, int a) {
-          const int slot = s_slot[col];
-          const float w = __ldg(p.topk_weights + slot);
-          float* orow = out + int64_t(slot / p.topk) * p.out_stride;
+          const float w = s_wt[col];
+          float* orow = out + int64_t(s_orow[col]) * p.out_stride;
           atomicAdd(orow + n_lo, w * acc[i][a]);
           if (n_lo + 8 < p.N) atomicAdd(orow + n_lo + 8, w * acc[i][a + 2]);
         });

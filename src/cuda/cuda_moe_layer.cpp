@@ -141,9 +141,8 @@ struct CudaMoeLayer::Impl {
     ws.inter = take(ws.max_padded * I * 2);
     ws.acc = take(M * H * 4);
     // The decode GEMMs' m-block handoff (GemmRun::mb_done): max_blocks counters, then the item
-    // counter and the fused cast's counter (GemmRun::cast_count); zeroed with the accumulator by
-    // the router launch (they directly follow acc).
-    ws.handoff = take((ws.max_blocks + 2) * 4);
+    // counter; zeroed with the accumulator by the router launch (it directly follows acc).
+    ws.handoff = take((ws.max_blocks + 1) * 4);
     // The k-permuted copy of x for the prefill kernel (config m144w, the largest m-blocks, only).
     ws.xperm = block_m >= gemm_config_block_m(gemm_config_count() - 1) ? take(M * H * 2) : off;
     ws.total = off;
@@ -498,7 +497,7 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
                                          int block_m, cudaStream_t st) const {
   auto* logits = reinterpret_cast<float*>(ws + L.logits);
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
-  const int64_t zero_n = (L.handoff - L.acc) / 4 + align_up(L.max_blocks + 2, 4);  // acc .. handoff
+  const int64_t zero_n = (L.handoff - L.acc) / 4 + align_up(L.max_blocks + 1, 4);  // acc .. handoff
   launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate,
                        reinterpret_cast<float*>(ws + L.acc), zero_n, st);
   stage_done("router logits", st);
@@ -601,20 +600,9 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
     r.mb_done_target = int(d.g1.NT / 2);
     r.item_claim = reinterpret_cast<int32_t*>(ws + L.handoff) + L.max_blocks;
   }
-  // Small outputs on the decode kernel: GEMM2's last block casts the accumulator (GemmRun::cast_out;
-  // one block, so only up to kFusedCastMax elements). A/B switch: WNA16_NO_FUSED_CAST=1.
-  constexpr int64_t kFusedCastMax = 32768;
-  static const bool no_fused_cast = std::getenv("WNA16_NO_FUSED_CAST") != nullptr;
-  const bool fused_cast = !no_fused_cast && config == 0 && !d.g2.perm && M * d.H <= kFusedCastMax &&
-                          reinterpret_cast<uintptr_t>(out) % 16 == 0 && !diag_skip(6);
-  if (fused_cast) {
-    r.cast_out = out;
-    r.cast_n = M * d.H;
-    r.cast_count = reinterpret_cast<int32_t*>(ws + L.handoff) + L.max_blocks + 1;
-  }
   launch_moe_gemm(d.g2, r, st);
   stage_done("GEMM2 (down)", st);
-  if (diag_skip(6) || fused_cast) return;
+  if (diag_skip(6)) return;
 
   // A programmatic dependent of GEMM2 (which releases its dependents early): the cast's set-up
   // overlaps GEMM2's tail and its griddepcontrol.wait waits for GEMM2's completion and flush.

@@ -164,14 +164,6 @@ struct GemmRun {
   // before the other m-blocks and before any mb_done release. x must be complete before the
   // previous kernels started (the layer's input). 0: off.
   int pre_wait_slices = 0;
-  // Decode-kernel GEMM2 (WeightedSum, config m8 without act-order): the cast of the accumulator
-  // fused into it. Every block adds 1 to *cast_count (zero before the launch) when it is done; the
-  // last one writes cast_out[i] = act(out[i]) for i < cast_n (a multiple of 4; out and cast_out
-  // 16-byte aligned), in place of a separate cast launch. For small outputs only (one block
-  // casts it all). null: off.
-  void* cast_out = nullptr;
-  int64_t cast_n = 0;
-  int32_t* cast_count = nullptr;
 };
 
 // The prefill kernel's k-permuted activation layout: inside each 64-element chunk of a row, the

@@ -49,40 +49,6 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
   return v;
 }
 
-// GemmRun::cast_out: every thread's atomics are fenced before its block counts itself done; the
-// block that counts last (all others' sums visible after its own fence) casts the accumulator.
-// Saves the separate cast launch and its wait for the whole grid at the end of a small layer call.
-template <class T>
-__device__ __forceinline__ void cast_by_last_block(const KParams& p) {
-  __shared__ int s_last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(p.cast_count, 1) == int(gridDim.x) - 1;
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  const float4* acc = static_cast<const float4*>(p.out);
-  const int64_t n4 = p.cast_n / 4;
-  constexpr int kUnroll = 4;  // loads in flight per thread
-  for (int64_t i0 = threadIdx.x; i0 < n4; i0 += int64_t(kUnroll) * blockDim.x) {
-    float4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = i0 + int64_t(u) * blockDim.x;
-      v[u] = i < n4 ? __ldcg(acc + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = i0 + int64_t(u) * blockDim.x;
-      if (i >= n4) break;
-      uint2 o;
-      o.x = Act<T>::pack2(v[u].x, v[u].y);
-      o.y = Act<T>::pack2(v[u].z, v[u].w);
-      reinterpret_cast<uint2*>(p.cast_out)[i] = o;
-    }
-  }
-}
-
 // DEFER: deferred group scaling (group_len a multiple of 64, and not int8 with bf16); else the
 // scale (and zero) is applied per weight. CPG (deferred only): the chunks per group when it
 // divides the ring depth, so group boundaries fall on fixed ring slots (slices are then whole
@@ -516,7 +482,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
     if (tables) release_mb(mb);  // else after the wait
   }
-  if (p.cast_out) cast_by_last_block<T>(p);
 }
 
 // Blocks of the decode kernel resident per SM (cached per instantiation).

@@ -129,10 +129,6 @@ struct Act<__half> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
   __device__ static __forceinline__ void store(void* p, float v) { *static_cast<__half*>(p) = __float2half_rn(v); }
-  __device__ static __forceinline__ uint32_t pack2(float lo, float hi) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
 };
 
 template <>
@@ -165,10 +161,6 @@ struct Act<__nv_bfloat16> {
   }
   __device__ static __forceinline__ void store(void* p, float v) {
     *static_cast<__nv_bfloat16*>(p) = __float2bfloat16_rn(v);
-  }
-  __device__ static __forceinline__ uint32_t pack2(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
   }
 };
 
@@ -303,9 +295,6 @@ struct KParams {
   int mb_done_target;    // GEMM2: waits per m-block for mb_done[mb] >= mb_done_target
   int32_t* item_claim;   // decode kernel only, GEMM2 with mb_done: work items taken from this counter
   int pre_slices;        // decode kernel only, GEMM1 with pdl == 2: GemmRun::pre_wait_slices
-  void* cast_out;        // decode kernel only, GEMM2: GemmRun::cast_out (null: off), cast_n, cast_count
-  int64_t cast_n;
-  int32_t* cast_count;
 };
 
 // A work item of the persistent loops (staged, decode and prefill kernels): (m-block, n-block,

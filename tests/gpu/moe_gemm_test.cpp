@@ -97,7 +97,6 @@ struct GemmCase {
   // Decode GEMM1: S shared slices (kernel experts 0..S-1, every token's last S choices) run ahead
   // of the wait for the align step (GemmRun::pre_wait_slices), which runs on the GPU right before.
   int pre_wait = 0;
-  bool fused_cast = false;  // decode GEMM2: its last block casts the output (GemmRun::cast_out)
 };
 
 std::string describe(const GemmCase& c) {
@@ -105,7 +104,7 @@ std::string describe(const GemmCase& c) {
          (c.zeros ? " asym" : " sym") + " config " + gemm_config_name(c.config) + " M=" + std::to_string(c.M) +
          " kw=" + std::to_string(c.decode_kw) + " splits=" + std::to_string(c.splits) + (c.tiles4 ? " 4-tile" : "") +
          (c.kperm ? " k-permuted" : "") + (c.x_extent ? " x-extent" : "") + (c.handoff ? " handoff" : "") +
-         (c.pre_wait ? " pre-wait S=" + std::to_string(c.pre_wait) : "") + (c.fused_cast ? " fused cast" : "");
+         (c.pre_wait ? " pre-wait S=" + std::to_string(c.pre_wait) : "");
 }
 
 // Routes M tokens to `topk` distinct experts among the first E-2 (the last two get nothing).
@@ -322,24 +321,8 @@ void run_gemm_case(const GemmCase& c) {
     r.mb_done_target = int(g1.pg.NT / 2);
     r.item_claim = static_cast<int32_t*>(d_handoff.p) + r.max_blocks;
   }
-  DeviceArray d_cast(size_t(M * H * 2)), d_cast_count(4);
-  if (c.fused_cast) {
-    CUDA_OK(cudaMemset(d_cast.p, 0xff, size_t(M * H * 2)));  // NaN in bf16 and f16: unwritten shows
-    CUDA_OK(cudaMemset(d_cast_count.p, 0, 4));
-    r.cast_out = d_cast.p;
-    r.cast_n = M * H;
-    r.cast_count = static_cast<int32_t*>(d_cast_count.p);
-  }
   launch_moe_gemm(dg2, r, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
-  if (c.fused_cast) {
-    // The last block's cast: exactly act(out) for every element, after every block counted itself.
-    const std::vector<float> acc = d_out.get<float>(size_t(M * H));
-    const std::vector<uint16_t> cast = d_cast.get<uint16_t>(size_t(M * H));
-    for (int64_t i = 0; i < M * H; ++i)
-      ASSERT_EQ(cast[size_t(i)], to_act(c.act, acc[size_t(i)])) << "fused cast of element " << i << " (" << acc[size_t(i)] << ")";
-    EXPECT_GE(d_cast_count.get<int32_t>(1)[0], 1) << "blocks counted by the fused cast";
-  }
   if (c.handoff) {
     // Every item a block started claimed the block's next one: at least one claim per m-block.
     const int32_t claims = d_handoff.get<int32_t>(size_t(r.max_blocks + 1)).back();
@@ -672,8 +655,7 @@ TEST(MoeGemm, DecodeKernelEveryKSplit) {
 
 // The decode GEMMs' m-block handoff (GemmRun::mb_done): GEMM1 releases each m-block once per tile
 // pair, GEMM2 takes its items from the counter and waits per m-block; results as without it. (The
-// layer tests run it concurrently: GEMM2 as a programmatic dependent of GEMM1.) Also GEMM2's fused
-// cast (GemmRun::cast_out), with and without the handoff.
+// layer tests run it concurrently: GEMM2 as a programmatic dependent of GEMM1.)
 TEST(MoeGemm, DecodeHandoffCountsAndClaims) {
   WNA16_REQUIRE_GPU();
   for (bool tiles4 : {false, true})
@@ -682,17 +664,11 @@ TEST(MoeGemm, DecodeHandoffCountsAndClaims) {
         GemmCase c{4, kw == 2 ? DType::F16 : DType::BF16, 128, kw == 4, 0, M, kw, M == 9 ? 3 : 0};
         c.tiles4 = tiles4;
         c.handoff = true;
-        c.fused_cast = kw != 2;
         run_gemm_case(c);
       }
   GemmCase c8{8, DType::BF16, 64, false, 0, 3, 0, 0};
   c8.handoff = true;
-  c8.fused_cast = true;
   run_gemm_case(c8);
-  // The fused cast without the handoff (GEMM2 as a plain launch), f16.
-  GemmCase cf{4, DType::F16, 128, true, 0, 5, 0, 2};
-  cf.fused_cast = true;
-  run_gemm_case(cf);
 }
 
 // GEMM1 runs the shared slices' m-blocks before it waits for the align step (GemmRun::

@@ -28,8 +28,9 @@ struct RoutingAlignOut {
 // launch_routing (wna16/cuda_kernels.h) on fp32 logits, with the S shared-expert slices as extra
 // choices of every token: ids2 / weights2 are [M, top_k + S] (S may be 0); ids2[m, top_k + s] = s
 // with weight 1 (gate_logit null) or sigmoid(gate_logit[m]), and the routed ids are offset by S
-// (the layer's kernel experts: the shared slices first, so their m-blocks lead the align output). Launched with programmatic dependent launch;
-// the kernel waits for the previous kernel in the stream before its first global access.
+// (the layer's kernel experts: the shared slices first, so their m-blocks lead the align output).
+// Launched with programmatic dependent launch; the kernel waits for the previous kernel in the
+// stream before its first global access.
 // align (M == 1 and top_k + S <= 32 only; sorted null: off): the routing kernel also writes what
 // launch_align(ids2, top_k + S, num_experts + S, block_m, ...) would, so the layer's one-token chain
 // has no align launch. max_padded / max_blocks: the tables' sizes (at least the align contract's).

@@ -213,9 +213,11 @@ void trace_launch(const DeviceGemm& w, const GemmRun& r, const gemm::KParams& kp
   if (!on) return;
   char line[256];
   std::snprintf(line, sizeof line,
-                "[wna16 gemm] %s K=%lld N=%lld E=%lld slots=%lld config=%s splits=%d kc_per_split=%d kw=%d pairs/warp=%d\n",
+                "[wna16 gemm] %s K=%lld N=%lld E=%lld slots=%lld config=%s splits=%d kc_per_split=%d kw=%d pairs/warp=%d "
+                "shared-slice parts=%d\n",
                 r.epilogue == GemmEpilogue::SiluMul ? "GEMM1" : "GEMM2", (long long)w.K, (long long)w.N, (long long)w.E,
-                (long long)r.num_slots, kConfigs[r.config].name, kp.splits, kp.kc_per_split, kp.decode_kw, kp.decode_ppw);
+                (long long)r.num_slots, kConfigs[r.config].name, kp.splits, kp.kc_per_split, kp.decode_kw, kp.decode_ppw,
+                kp.pre_slices > 0 ? kp.pre_parts : 0);
   static std::mutex mu;
   static std::set<std::string> seen;
   std::lock_guard<std::mutex> lock(mu);
@@ -476,6 +478,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   static const bool no_pdl = std::getenv("WNA16_NO_GEMM_PDL") != nullptr;  // A/B switch
   kp.pdl = r.overlap_previous && !no_pdl ? (r.wait_first ? 2 : 1) : 0;
   kp.pre_slices = kp.pdl == 2 ? r.pre_wait_slices : 0;  // a plain launch has nothing to run ahead of
+  kp.pre_parts = 1;
+  kp.pre_kc = kp.kc_per_split;
   if (r.config == 0 && !w.perm) {
     // Decode kernel: the work shape (warps per unit along K, pairs per warp where the variant is
     // allowed) of the shortest modelled critical path on the expected m-blocks.
@@ -487,6 +491,32 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
         plan_decode(w, r, kp.splits, kp.kc_per_split, r.epilogue == GemmEpilogue::SiluMul && r.mb_done != nullptr);
     kp.decode_ppw = plan.ppw;
     kp.decode_kw = plan.kw;
+    kp.pre_kc = kp.kc_per_split;
+    // The shared slices' items in K parts (GemmRun::pre_scratch): as many parts as keep all of
+    // them in one round of the resident blocks (at most one per block: the kernel's release
+    // bookkeeping), each part at least one group per warp. A/B switch: WNA16_NO_PRE_PARTS=1.
+    static const bool no_pre_parts = std::getenv("WNA16_NO_PRE_PARTS") != nullptr;
+    if (kp.pre_slices > 0 && r.pre_scratch && r.pre_count && !no_pre_parts) {
+      const int64_t units = w.NT / (2 * plan.ppw), per_block = gemm::kDecodeWarps / plan.kw;
+      const int64_t pre_mps = (r.num_slots / r.topk + 7) / 8;
+      const int64_t pre_base = int64_t(kp.pre_slices) * pre_mps * ((units + per_block - 1) / per_block);
+      const int64_t group = kp.static_groups || kp.defer_ok ? kp.chunks_per_group : 1;
+      const int64_t max_parts = std::min<int64_t>(8, kp.KC / (plan.kw * group));
+      const int64_t parts = std::min<int64_t>(plan.resident / pre_base, max_parts);
+      if (parts > 1) {
+        const int64_t kc = (kp.KC + parts - 1) / parts;
+        kp.pre_kc = int((kc + group - 1) / group * group);
+        kp.pre_parts = int((kp.KC + kp.pre_kc - 1) / kp.pre_kc);
+        kp.pre_scratch = r.pre_scratch;
+        kp.pre_count = r.pre_count;
+      }
+    }
+    if (kp.pre_slices > 0) {
+      const int64_t units = w.NT / (2 * plan.ppw), per_block = gemm::kDecodeWarps / plan.kw;
+      kp.pre_base = int(int64_t(kp.pre_slices) * ((r.num_slots / r.topk + 7) / 8) *
+                        ((units + per_block - 1) / per_block) * kp.splits);
+      kp.pre_total = kp.pre_base * kp.pre_parts;
+    }
   }
   trace_launch(w, r, kp);
   auto s = static_cast<cudaStream_t>(stream);

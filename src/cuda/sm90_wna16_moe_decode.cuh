@@ -99,14 +99,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   const int nb_count = ((p.NT / NTW) + units_per_block - 1) / units_per_block;
   const int pre_tokens = p.num_slots / p.topk;
   const int pre_mps = (pre_tokens + kDecodeBM - 1) / kDecodeBM;  // m-blocks per shared slice
-  const int pre_total = p.pre_slices * pre_mps * nb_count * p.splits;  // < 2^31: checked on the host
+  // Shared-slice items, each in pre_parts parts along K (the part in WorkItem::split, pre_kc
+  // chunks each); after the wait, item pre_total + i is the routed item pre_base + i.
+  const int pre_base = p.pre_base, pre_total = p.pre_total;  // (KParams: the host's count)
   bool tables = !(p.pdl == 2 && int64_t(blockIdx.x) < pre_total);  // the align tables may be read
   if (p.pdl == 2 && tables) asm volatile("griddepcontrol.wait;" ::: "memory");
   if (tables) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   bool waited = p.pdl == 2;  // x is ready (pdl 2: x precedes the whole routing chain)
   auto total_items = [&] {
     const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
-    return int64_t(num_mb) * nb_count * p.splits;
+    return int64_t(num_mb) * nb_count * p.splits - pre_base + pre_total;
   };
   int64_t total = tables ? total_items() : pre_total;
   const T* x = static_cast<const T*>(p.x);
@@ -137,11 +139,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
   };
 
-  // A shared slice's item ahead of the wait: expert = slice (mb_begin is 0).
+  // A shared slice's item ahead of the wait: expert = slice (mb_begin is 0); split = its K part.
   auto pre_item = [&](int64_t item) {
     WorkItem w;
-    w.split = int(item % p.splits);
-    const int64_t rest = item / p.splits;
+    w.split = int(item % p.pre_parts);
+    const int64_t rest = item / p.pre_parts / p.splits;
     w.nb = int(rest % nb_count);
     w.mb = int(rest / nb_count);
     w.expert = w.mb / pre_mps;
@@ -149,6 +151,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   };
   // Whether this warp adds to mb_done for its item (see the skips and the epilogue below).
   auto releases = [&](int nb) { return wk == 0 && !(PPW > 1 && NTW * (nb * units_per_block + wp) >= p.NT); };
+  // Parts > 1: the m-block whose unit each warp completed as the last part (released after the
+  // wait; the host keeps every block to at most one shared-slice item then), else -1. In shared
+  // memory, not a register: the loop has none to spare.
+  __shared__ int pre_done_mb[kDecodeWarps];
+  if (lane == 0) pre_done_mb[warp] = -1;
+  __syncwarp();
 
   for (int64_t item = blockIdx.x;; item = next_item(item)) {
     if (!tables && item >= pre_total) {
@@ -157,15 +165,19 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       tables = true;
       // The items run ahead stored their m-blocks before the wait; the counters (zeroed by the
       // chain's first kernel) may take their releases only now.
-      for (int64_t j = blockIdx.x; j < pre_total; j += gridDim.x) {
-        const WorkItem pj = pre_item(j);
-        if (releases(pj.nb)) release_mb(pj.mb);
+      if (p.pre_parts == 1) {
+        for (int64_t j = blockIdx.x; j < pre_total; j += gridDim.x) {
+          const WorkItem pj = pre_item(j);
+          if (releases(pj.nb)) release_mb(pj.mb);
+        }
+      } else if (pre_done_mb[warp] >= 0) {  // warp-uniform
+        release_mb(pre_done_mb[warp]);
       }
       total = total_items();
     }
     if (item >= total) break;
     if (p.item_claim && threadIdx.x == 0) next_claim = int(gridDim.x) + atomicAdd(p.item_claim, 1);
-    const WorkItem it = tables ? decode_item(p, item, nb_count) : pre_item(item);
+    const WorkItem it = tables ? decode_item(p, item - pre_total + pre_base, nb_count) : pre_item(item);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     if (expert < 0) continue;  // block-uniform
     const int unit = nb * units_per_block + wp;
@@ -211,7 +223,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
 
     // This warp's k-chunks: the split's range cut into kw slices (whole groups when deferred).
-    const int ks0 = split * p.kc_per_split, ks_end = min(p.KC, ks0 + p.kc_per_split);
+    const int kcs = tables ? p.kc_per_split : p.pre_kc;
+    const int ks0 = split * kcs, ks_end = min(p.KC, ks0 + kcs);
     int per = (ks_end - ks0 + kw - 1) / kw;
     if (DEFER && (kStaticGroups || p.G > 1)) per = (per + p.chunks_per_group - 1) / p.chunks_per_group * p.chunks_per_group;
     const int kb = min(ks_end, ks0 + wk * per), ke = min(ks_end, kb + per);
@@ -449,6 +462,32 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
 
     // ---- epilogue: C rows are weight rows (g, g+8), columns are tokens (2*tig, 2*tig+1) ----
+    if (!tables && p.pre_parts > 1) {  // a K part of a shared-slice item
+      // This part's sums into the scratch; the unit's last part reads the totals back and stores.
+      // scratch [m-block][token column][NT * 16]: this lane's columns 2*tig (+1), rows g (+8).
+      float* scr = p.pre_scratch + (int64_t(mb) * kDecodeBM + 2 * tig) * (p.NT * 16) + nt0 * 16 + g;
+      const int cstride = p.NT * 16;
+      const bool v0 = slot0 >= 0, v1 = slot1 >= 0;
+#pragma unroll
+      for (int i = 0; i < NTW; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if ((r & 1) ? v1 : v0) atomicAdd(scr + (r & 1) * cstride + i * 16 + 8 * (r >> 1), acc[i][r]);
+      __threadfence();
+      __syncwarp();
+      int last = 0;
+      if (lane == 0) last = atomicAdd(p.pre_count + mb * (p.NT / NTW) + unit, 1) == p.pre_parts - 1;
+      if (!__shfl_sync(0xffffffffu, last, 0)) continue;  // warp-uniform; no block barrier follows
+      __syncwarp();  // lane 0 observed every part's count: its lanes read the sums after it
+      __threadfence();
+#pragma unroll
+      for (int i = 0; i < NTW; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if ((r & 1) ? v1 : v0) acc[i][r] = __ldcg(scr + (r & 1) * cstride + i * 16 + 8 * (r >> 1));
+      if (lane == 0) pre_done_mb[warp] = mb;
+      __syncwarp();
+    }
     if (p.epilogue == 0) {
 #pragma unroll
       for (int q = 0; q < PPW; ++q) {  // tile pair PPW * unit + q: tiles 2q (gate), 2q + 1 (up)
@@ -555,8 +594,17 @@ void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   const int ppw = kDecodeHas4Tiles<BITS> && kp.decode_ppw == 2 ? 2 : 1;
   const int64_t resident = int64_t(prepare_decode<T, BITS>()) * device_info().sms;
   const int64_t units = kp.NT / (2 * ppw), units_per_block = kDecodeWarps / kp.decode_kw;
-  const int64_t items = upper_mblocks * ((units + units_per_block - 1) / units_per_block) * kp.splits;
+  const int64_t nbc = (units + units_per_block - 1) / units_per_block;
+  // The shared slices' items count once per K part (KParams::pre_parts).
+  const int64_t pre_base = int64_t(kp.pre_slices) * ((kp.num_slots / kp.topk + kDecodeBM - 1) / kDecodeBM) * nbc;
+  if (kp.pre_base != pre_base * kp.splits || kp.pre_total != kp.pre_base * kp.pre_parts)
+    throw Error("decode kernel: shared-slice items " + std::to_string(kp.pre_base) + " / parts " +
+                std::to_string(kp.pre_total) + " do not match the launch shape (" + std::to_string(pre_base) + ")");
+  const int64_t items = upper_mblocks * nbc * kp.splits + (kp.pre_parts - 1) * pre_base;
   const int64_t grid = std::max<int64_t>(1, std::min(items, resident));
+  if (kp.pre_parts > 1 && (grid < kp.pre_total || !kp.pre_scratch || !kp.pre_count))
+    throw Error("decode kernel: " + std::to_string(kp.pre_total) + " shared-slice parts for a grid of " +
+                std::to_string(grid) + " blocks (or no scratch): at most one per block");
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;

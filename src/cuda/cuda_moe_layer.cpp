@@ -111,6 +111,11 @@ struct Workspace {
 
 // Tokens up to which the layout holds GEMM1's shared-slice parts' scratch (GemmRun::pre_scratch).
 constexpr int64_t kPreScratchMaxM = 64;
+// A/B switch WNA16_NO_PRE_PARTS=1: no shared-slice parts (and the routing kernel's usual early release).
+bool pre_parts_off() {
+  static const bool off = std::getenv("WNA16_NO_PRE_PARTS") != nullptr;
+  return off;
+}
 
 struct CudaMoeLayer::Impl {
   MoeLayerSpec spec;
@@ -531,7 +536,7 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   }
   // GEMM1's shared-slice parts use the router's zero-fill before their own wait: the chain after
   // the routing kernel may start only once the router has completed.
-  const bool pre_parts = L.has_pre_parts() && !g1.perm && !g1.perm_up;
+  const bool pre_parts = L.has_pre_parts() && !pre_parts_off() && !g1.perm && !g1.perm_up;
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
                              ids2, w2, st, align, pre_parts);
   stage_done("routing", st);
@@ -596,7 +601,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
   if (!no_pre_wait && r.wait_first && config == 0 && !d.g1.perm && !d.g1.perm_up) {
     r.pre_wait_slices = d.S;
-    if (L.has_pre_parts()) {
+    if (L.has_pre_parts() && !pre_parts_off()) {
       r.pre_scratch = reinterpret_cast<float*>(ws + L.pre_scratch);
       r.pre_count = reinterpret_cast<int32_t*>(ws + L.pre_count);
     }

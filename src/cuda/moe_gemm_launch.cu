@@ -494,9 +494,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     kp.pre_kc = kp.kc_per_split;
     // The shared slices' items in K parts (GemmRun::pre_scratch): as many parts as keep all of
     // them in one round of the resident blocks (at most one per block: the kernel's release
-    // bookkeeping), each part at least one group per warp. A/B switch: WNA16_NO_PRE_PARTS=1.
-    static const bool no_pre_parts = std::getenv("WNA16_NO_PRE_PARTS") != nullptr;
-    if (kp.pre_slices > 0 && r.pre_scratch && r.pre_count && !no_pre_parts) {
+    // bookkeeping), each part at least one group per warp.
+    if (kp.pre_slices > 0 && r.pre_scratch && r.pre_count) {
       const int64_t units = w.NT / (2 * plan.ppw), per_block = gemm::kDecodeWarps / plan.kw;
       const int64_t pre_mps = (r.num_slots / r.topk + 7) / 8;
       const int64_t pre_base = int64_t(kp.pre_slices) * pre_mps * ((units + per_block - 1) / per_block);

@@ -112,7 +112,7 @@ struct Workspace {
 // Tokens up to which the layout holds GEMM1's shared-slice parts' scratch (GemmRun::pre_scratch).
 constexpr int64_t kPreScratchMaxM = 64;
 // A/B switch WNA16_NO_PRE_PARTS=1: no shared-slice parts (and the routing kernel's usual early release).
-bool pre_parts_off() {
+static bool pre_parts_off() {
   static const bool off = std::getenv("WNA16_NO_PRE_PARTS") != nullptr;
   return off;
 }

@@ -236,10 +236,24 @@ struct DecodePlan {
   double items = 0;
   int64_t resident = 1;
 };
-DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc_per_split, bool fill) {
+// A tight bound on the m-blocks the align step can produce: every active expert pads at most one
+// partial block, so blocks <= ceil(slots / BLOCK_M) + min(E, slots) (usually far below max_blocks,
+// which assumes every expert padded); mb_count where the run names its m-blocks.
+int64_t upper_mblocks(const DeviceGemm& w, const GemmRun& r) {
   const int64_t bm = gemm_config_block_m(r.config);
   const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
-  const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
+  return r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
+}
+// The m-blocks of the shared slices run ahead of the align step (GemmRun::pre_wait_slices):
+// ceil(tokens / BLOCK_M) per slice.
+int64_t pre_wait_mblocks(const GemmRun& r) {
+  const int64_t bm = gemm_config_block_m(r.config);
+  return r.topk > 0 ? int64_t(r.pre_wait_slices) * ((r.num_slots / r.topk + bm - 1) / bm) : 0;
+}
+
+DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc_per_split, bool fill) {
+  const int64_t bm = gemm_config_block_m(r.config);
+  const int64_t upper = upper_mblocks(w, r);
   const int64_t mblocks_all =
       r.mb_count >= 0 ? r.mb_count : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
   // The shared slices' m-blocks run ahead of the wait for the align step, during the routing
@@ -249,7 +263,7 @@ DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc
   static const bool no_pre_plan = std::getenv("WNA16_NO_PRE_WAIT_PLAN") != nullptr;
   int64_t mblocks = mblocks_all;
   if (r.pre_wait_slices > 0 && !no_pre_plan) {
-    const int64_t pre = int64_t(r.pre_wait_slices) * ((r.num_slots / r.topk + bm - 1) / bm);
+    const int64_t pre = pre_wait_mblocks(r);
     if (4 * pre <= mblocks_all) mblocks = std::max<int64_t>(1, mblocks_all - pre);
   }
   const int only_kw = r.epilogue == GemmEpilogue::SiluMul ? decode_kw_pins().first : decode_kw_pins().second;
@@ -381,8 +395,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
                 " needs 0 < S <= topk (" + std::to_string(r.topk) + ") and <= E (" + std::to_string(w.E) +
                 "), the decode kernel (config m8 without act-order), the SiluMul epilogue, overlap_previous and "
                 "wait_first, over all m-blocks (mb_begin 0, mb_count < 0)");
-  if (r.pre_wait_slices > 0 && r.topk > 0 &&
-      int64_t(r.pre_wait_slices) * ((r.num_slots / r.topk + 7) / 8) * w.NT >= (int64_t(1) << 31))
+  if (r.pre_wait_slices > 0 && pre_wait_mblocks(r) * w.NT >= (int64_t(1) << 31))
     throw Error("pre_wait_slices=" + std::to_string(r.pre_wait_slices) + " with " + std::to_string(r.num_slots / r.topk) +
                 " tokens: the shared slices' work items exceed the kernel's 2^31 range");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
@@ -469,12 +482,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     kp.static_groups = 1;
   }
   kp.group_shift = log2_or_neg(w.group_len);
-  // A tight bound on the m-blocks the align step can produce: every active expert pads at most
-  // one partial block, so blocks <= ceil(slots / BLOCK_M) + min(E, slots) (usually far below
-  // max_blocks, which assumes every expert padded). Fewer blocks that only exit.
-  const int64_t bm = gemm_config_block_m(r.config);
-  const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
-  const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
+  const int64_t upper = upper_mblocks(w, r);  // fewer blocks that only exit
   static const bool no_pdl = std::getenv("WNA16_NO_GEMM_PDL") != nullptr;  // A/B switch
   kp.pdl = r.overlap_previous && !no_pdl ? (r.wait_first ? 2 : 1) : 0;
   kp.pre_slices = kp.pdl == 2 ? r.pre_wait_slices : 0;  // a plain launch has nothing to run ahead of

@@ -109,8 +109,9 @@ struct Workspace {
 
 }  // namespace
 
-// Tokens up to which the layout holds GEMM1's shared-slice parts' scratch (GemmRun::pre_scratch).
-constexpr int64_t kPreScratchMaxM = 64;
+// Tokens up to which the layout may hold GEMM1's shared-slice parts' scratch (GemmRun::pre_scratch;
+// shared_slice_parts_pay decides).
+constexpr int64_t kPreScratchMaxM = 1;
 // A/B switch WNA16_NO_PRE_PARTS=1: no shared-slice parts (and the routing kernel's usual early release).
 static bool pre_parts_off() {
   static const bool off = std::getenv("WNA16_NO_PRE_PARTS") != nullptr;
@@ -153,9 +154,8 @@ struct CudaMoeLayer::Impl {
     // counter; zeroed with the accumulator by the router launch (it directly follows acc).
     ws.handoff = take((ws.max_blocks + 1) * 4);
     // Decode with shared slices: GEMM1's shared-slice K parts (GemmRun::pre_scratch / pre_count),
-    // zeroed by the router too. Up to kPreScratchMaxM tokens (the parts pay where the shared items
-    // are few: DeepSeek-V3 up to 32 tokens).
-    if (S > 0 && M <= kPreScratchMaxM && block_m == gemm_config_block_m(0)) {
+    // zeroed by the router too, where shared_slice_parts_pay says they pay.
+    if (S > 0 && M <= kPreScratchMaxM && block_m == gemm_config_block_m(0) && shared_slice_parts_pay(g1, M)) {
       ws.pre_scratch = take(pre_scratch_floats(M, S, g1.NT) * 4);
       ws.pre_count = take(pre_count_ints(M, S, g1.NT) * 4);
     }

@@ -293,6 +293,11 @@ DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc
 }
 }  // namespace
 
+bool shared_slice_parts_pay(const DeviceGemm& g1, int64_t tokens) {
+  const bool static_group = g1.group_len == 64 || g1.group_len == 128 || g1.group_len == 256;
+  return tokens == 1 && g1.bits == 4 && static_group && !g1.perm && !g1.perm_up && g1.K * g1.bits >= 16384;
+}
+
 bool mb_handoff_pays(const DeviceGemm& g1, const GemmRun& r1) {
   if (r1.config != 0 || g1.perm || g1.perm_up || r1.num_slots < 1) return false;
   // Measured (docs/perf.md, session 5): GEMM2 gains where GEMM1's items nearly fill the resident
@@ -503,11 +508,11 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     // The shared slices' items in K parts (GemmRun::pre_scratch): as many parts as keep all of
     // them in one round of the resident blocks (at most one per block: the kernel's release
     // bookkeeping), each part at least one group per warp.
-    if (kp.pre_slices > 0 && r.pre_scratch && r.pre_count) {
-      const int64_t units = w.NT / (2 * plan.ppw), per_block = gemm::kDecodeWarps / plan.kw;
-      const int64_t pre_mps = (r.num_slots / r.topk + 7) / 8;
-      const int64_t pre_base = int64_t(kp.pre_slices) * pre_mps * ((units + per_block - 1) / per_block);
-      const int64_t group = kp.static_groups || kp.defer_ok ? kp.chunks_per_group : 1;
+    // The kernel has parts for int4 static groups only.
+    const int64_t units = w.NT / (2 * plan.ppw), per_block = gemm::kDecodeWarps / plan.kw;
+    const int64_t pre_base = pre_wait_mblocks(r) * ((units + per_block - 1) / per_block);
+    if (kp.pre_slices > 0 && r.pre_scratch && r.pre_count && w.bits == 4 && kp.static_groups) {
+      const int64_t group = kp.chunks_per_group;
       const int64_t max_parts = std::min<int64_t>(8, kp.KC / (plan.kw * group));
       const int64_t parts = std::min<int64_t>(plan.resident / pre_base, max_parts);
       if (parts > 1) {
@@ -519,9 +524,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
       }
     }
     if (kp.pre_slices > 0) {
-      const int64_t units = w.NT / (2 * plan.ppw), per_block = gemm::kDecodeWarps / plan.kw;
-      kp.pre_base = int(int64_t(kp.pre_slices) * ((r.num_slots / r.topk + 7) / 8) *
-                        ((units + per_block - 1) / per_block) * kp.splits);
+      kp.pre_base = int(pre_base * kp.splits);
       kp.pre_total = kp.pre_base * kp.pre_parts;
     }
   }

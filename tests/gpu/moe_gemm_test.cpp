@@ -276,7 +276,11 @@ void run_gemm_case(const GemmCase& c) {
     r.pre_wait_slices = 0;
     r.pre_scratch = nullptr;
     r.pre_count = nullptr;
-    if (c.pre_parts) {
+    if (c.pre_parts && c.bits == 8) {
+      // int8 has no parts variant: the launcher leaves the scratch alone.
+      const std::vector<int32_t> cnt = d_pre_cnt.get<int32_t>(size_t(cnt_n));
+      EXPECT_TRUE(std::all_of(cnt.begin(), cnt.end(), [](int32_t v) { return v == 0; })) << "int8 ran parts";
+    } else if (c.pre_parts) {
       // Every unit of every shared m-block counted the same number of parts (> 1), and the parts'
       // sums are in the scratch.
       const std::vector<int32_t> cnt = d_pre_cnt.get<int32_t>(size_t(cnt_n));
@@ -720,7 +724,7 @@ TEST(MoeGemm, DecodeRunsSharedSlicesAheadOfTheWait) {
   c8.handoff = true;
   run_gemm_case(c8);
   // The shared-slice items in K parts (GemmRun::pre_scratch): static groups of 1 and 2 chunks,
-  // one and two tile pairs per warp, K over 1 or 2 warps, int8.
+  // one and two tile pairs per warp, K over 1 or 2 warps; int8 (no parts variant) ignores them.
   for (int64_t M : {1, 3, 17})
     for (bool tiles4 : {false, true}) {
       GemmCase c{4, M == 3 ? DType::F16 : DType::BF16, M == 17 ? 128 : 64, M == 3, 0, M, M == 3 ? 2 : 1, 0};
@@ -770,6 +774,28 @@ TEST(MoeGemm, HandoffWhereGemm1FillsTheGpu) {
   DeviceGemm act_order = ds;
   act_order.perm = dummy;
   EXPECT_FALSE(mb_handoff_pays(act_order, run(1, 9, 0)));
+}
+
+// Where the layer runs GEMM1's shared-slice items in K parts (shared_slice_parts_pay): one token,
+// int4 with groups of 64-256, K * bits >= 16384. DeepSeek-V3 (K=7168) yes; Qwen1.5-MoE (K=2048)
+// no; never at 4 tokens, int8, groups of 32 or per channel, or act-order. Host only.
+TEST(MoeGemm, SharedSlicePartsWhereItemsAreLong) {
+  int dummy[8] = {};
+  auto shape = [&](int bits, int64_t K, int64_t group) {
+    DeviceGemm d = tiny_host_gemm(dummy);
+    d.bits = bits, d.E = 9, d.K = K, d.N = 4096, d.NT = 256, d.group_len = group, d.G = K / group;
+    return d;
+  };
+  EXPECT_TRUE(shared_slice_parts_pay(shape(4, 7168, 128), 1));
+  EXPECT_TRUE(shared_slice_parts_pay(shape(4, 4096, 64), 1));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(4, 7168, 128), 4));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(4, 2048, 128), 1));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(8, 7168, 128), 1));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(4, 7168, 32), 1));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(4, 7168, 7168), 1));
+  DeviceGemm act_order = shape(4, 7168, 128);
+  act_order.perm = dummy;
+  EXPECT_FALSE(shared_slice_parts_pay(act_order, 1));
 }
 
 TEST(MoeGemm, RefusesBadShapes) {

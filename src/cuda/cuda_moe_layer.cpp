@@ -104,7 +104,7 @@ struct Workspace {
   int64_t logits = 0, gate = 0, ids = 0, w = 0, ids2 = 0, w2 = 0, sorted = 0, eids = 0, ntpp = 0, inter = 0,
           acc = 0, handoff = 0, pre_scratch = 0, pre_count = 0, zero_end = 0, xperm = 0, total = 0;
   int64_t max_padded = 0, max_blocks = 0;
-  bool has_pre_parts() const { return pre_scratch > pre_count; }  // the shared-slice parts' scratch
+  bool has_pre_parts() const { return pre_count > pre_scratch; }  // the shared-slice parts' scratch
 };
 
 }  // namespace
@@ -153,12 +153,13 @@ struct CudaMoeLayer::Impl {
     // The decode GEMMs' m-block handoff (GemmRun::mb_done): max_blocks counters, then the item
     // counter; zeroed with the accumulator by the router launch (it directly follows acc).
     ws.handoff = take((ws.max_blocks + 1) * 4);
-    // Decode with shared slices, where shared_slice_parts_pay says they pay: GEMM1's shared-slice
-    // K parts (GemmRun::pre_count, zeroed by the router too; GemmRun::pre_scratch).
-    const bool pre_parts = S > 0 && M <= kPreScratchMaxM && block_m == gemm_config_block_m(0) && shared_slice_parts_pay(g1, M);
-    ws.pre_count = pre_parts ? take(pre_count_ints(M, S, g1.NT) * 4) : off;
-    ws.zero_end = off;  // the parts' sums need no zeroing: each part stores its own slot
-    ws.pre_scratch = pre_parts ? take(pre_scratch_floats(M, S, g1.NT) * 4) : off;
+    // Decode with shared slices: GEMM1's shared-slice K parts (GemmRun::pre_scratch / pre_count),
+    // zeroed by the router too, where shared_slice_parts_pay says they pay.
+    if (S > 0 && M <= kPreScratchMaxM && block_m == gemm_config_block_m(0) && shared_slice_parts_pay(g1, M)) {
+      ws.pre_scratch = take(pre_scratch_floats(M, S, g1.NT) * 4);
+      ws.pre_count = take(pre_count_ints(M, S, g1.NT) * 4);
+    }
+    ws.zero_end = off;
     // The k-permuted copy of x for the prefill kernel (config m144w, the largest m-blocks, only).
     ws.xperm = block_m >= gemm_config_block_m(gemm_config_count() - 1) ? take(M * H * 2) : off;
     ws.total = off;
@@ -533,8 +534,11 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
     align.max_padded = L.max_padded;
     align.max_blocks = L.max_blocks;
   }
+  // GEMM1's shared-slice parts use the router's zero-fill before their own wait: the chain after
+  // the routing kernel may start only once the router has completed.
+  const bool pre_parts = L.has_pre_parts() && !pre_parts_off() && !g1.perm && !g1.perm_up;
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
-                             ids2, w2, st, align);
+                             ids2, w2, st, align, pre_parts);
   stage_done("routing", st);
   if (diag_skip(3) || align.sorted) return;
   launch_align(ids2, M * k2, E2, block_m, reinterpret_cast<int32_t*>(ws + L.sorted),

@@ -166,19 +166,15 @@ struct GemmRun {
   int pre_wait_slices = 0;
   // With pre_wait_slices: each shared-slice item split along K into parts run by different blocks
   // (more blocks busy during the routing chain), where the launcher finds the parts fit one round
-  // of the resident blocks (int4 static groups only). Each part stores its sums in its own slot of
-  // pre_scratch (kPreMaxParts slots of [S * ceil(M / 8) * 8] token columns x NT * 16 floats; no
-  // zeroing needed); after the wait it counts itself in pre_count (S * ceil(M / 8) * NT / 2 ints,
-  // zero when GEMM1's wait returns), and the unit's last part adds the slots and applies the
-  // epilogue. Null: one part (the whole K) per item.
+  // of the resident blocks. Each part adds its partial sums to pre_scratch ([S * ceil(M / 8) * 8]
+  // token columns x NT * 16 floats) and counts itself in pre_count (S * ceil(M / 8) * NT / 2
+  // ints); the last part of a tile unit applies the epilogue. Both must be zero when GEMM1's first
+  // block starts (not just before its wait). Null: one part (the whole K) per item.
   float* pre_scratch = nullptr;
   int32_t* pre_count = nullptr;
 };
 // The shared-slice parts' scratch sizes for GEMM1 (N = 2I, NT its n-tiles) at M tokens, S slices.
-constexpr int kPreMaxParts = 8;
-inline int64_t pre_scratch_floats(int64_t M, int S, int64_t NT) {
-  return int64_t(kPreMaxParts) * S * ((M + 7) / 8) * 8 * NT * 16;
-}
+inline int64_t pre_scratch_floats(int64_t M, int S, int64_t NT) { return int64_t(S) * ((M + 7) / 8) * 8 * NT * 16; }
 inline int64_t pre_count_ints(int64_t M, int S, int64_t NT) { return int64_t(S) * ((M + 7) / 8) * (NT / 2); }
 
 // The prefill kernel's k-permuted activation layout: inside each 64-element chunk of a row, the

@@ -513,7 +513,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     const int64_t pre_base = pre_wait_mblocks(r) * ((units + per_block - 1) / per_block);
     if (kp.pre_slices > 0 && r.pre_scratch && r.pre_count && w.bits == 4 && kp.static_groups) {
       const int64_t group = kp.chunks_per_group;
-      const int64_t max_parts = std::min<int64_t>(kPreMaxParts, kp.KC / (plan.kw * group));
+      const int64_t max_parts = std::min<int64_t>(8, kp.KC / (plan.kw * group));
       const int64_t parts = std::min<int64_t>(plan.resident / pre_base, max_parts);
       if (parts > 1) {
         const int64_t kc = (kp.KC + parts - 1) / parts;

@@ -65,6 +65,7 @@ struct RouteParams {
                      // ids are then offset by S (the layer's kernel experts: shared slices first)
   const float* gate_logit;  // [M]: their weight is sigmoid(gate_logit[m]); null: weight 1
   RoutingAlignOut align;    // M == 1 only (align.sorted null: off): the align step's outputs
+  bool release_late;        // release the dependents only after the wait (see launch_routing_with_shared)
 };
 
 // The logits' dtype is a template parameter: a run-time switch put every load in its own branch
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
   // topk_ids. And the logits are read only once the previous kernel (the router GEMM) is done.
   // NOTE: every thread waits before it may return, so this grid completes only after its
   // predecessor did (the layer's chain relies on that for the router's zero-fill).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (!p.release_late) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int lane = threadIdx.x & 31;
   const int64_t m = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
   const int E = p.E;
@@ -169,6 +170,9 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
     for (int64_t b = n + t; b < a.max_blocks; b += nt) a.expert_ids[b] = -1;
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  // release_late: the dependents start only once the previous kernel (the router, with its
+  // zero-fill) has completed: GEMM1's shared-slice parts use zeroed scratch before their own wait.
+  if (p.release_late) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (m >= p.M) return;  // warp-uniform
   RouteScratch<VPL>& sc = scratch[threadIdx.x >> 5];
   const unsigned lt = (1u << lane) - 1u;
@@ -436,7 +440,7 @@ float weight_scale(const RoutingConfig& cfg) {
 
 void launch_routing_impl(const RoutingConfig& cfg, const void* logits, DType logits_dtype, int64_t M,
                          const float* bias, const float* gate_logit, int S, int32_t* topk_ids, float* topk_weights,
-                         bool pdl, cudaStream_t s, const RoutingAlignOut& align = {}) {
+                         bool pdl, cudaStream_t s, const RoutingAlignOut& align = {}, bool release_late = false) {
   check_routing_args(cfg, M, bias, S);
   if (align.sorted) {
     if (M != 1 || cfg.top_k + S > 32)
@@ -461,7 +465,8 @@ void launch_routing_impl(const RoutingConfig& cfg, const void* logits, DType log
   if (logits == nullptr || topk_ids == nullptr || topk_weights == nullptr)
     throw Error("routing: a null pointer among logits, topk_ids, topk_weights (M=" + std::to_string(M) + ")");
 
-  RouteParams p;
+  RouteParams p{};
+  p.release_late = release_late;
   p.logits = logits;
   p.dtype = dtype;
   p.M = M;
@@ -499,9 +504,9 @@ void launch_routing(const RoutingConfig& cfg, const void* logits, DType logits_d
 
 void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias,
                                 const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream,
-                                const RoutingAlignOut& align) {
+                                const RoutingAlignOut& align, bool release_late) {
   launch_routing_impl(cfg, logits, DType::F32, M, bias, gate_logit, S, ids2, weights2, true,
-                      static_cast<cudaStream_t>(stream), align);
+                      static_cast<cudaStream_t>(stream), align, release_late);
 }
 
 }  // namespace wna16::cuda

@@ -163,63 +163,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   };
   // Whether this warp adds to mb_done for its item (see the skips and the epilogue below).
   auto releases = [&](int nb) { return wk == 0 && !(PPW > 1 && NTW * (nb * units_per_block + wp) >= p.NT); };
-  // PARTS: the m-block and first tile of the unit whose K part each warp stored ahead of the wait
-  // (the host keeps every block to at most one shared-slice item then), else -1. In shared memory,
-  // not registers: the loop has none to spare.
-  __shared__ int pre_part_mb[PARTS ? kDecodeWarps : 1], pre_part_nt0[PARTS ? kDecodeWarps : 1];
+  // Parts > 1: the m-block whose unit each warp completed as the last part (released after the
+  // wait; the host keeps every block to at most one shared-slice item then), else -1. In shared
+  // memory, not a register: the loop has none to spare.
+  __shared__ int pre_done_mb[PARTS ? kDecodeWarps : 1];
   if constexpr (PARTS) {
-    if (lane == 0) pre_part_mb[warp] = -1;
+    if (lane == 0) pre_done_mb[warp] = -1;
     __syncwarp();
   }
-  // PARTS: part `part` of the unit at (mb, nt0) stores its sums in scratch slot `part`:
-  // [part][m-block][token column][NT * 16]; this lane's columns 2*tig (+1), rows g (+8).
-  auto part_sums = [&](int part, int mb, int nt0) {
-    return p.pre_scratch + ((int64_t(part) * p.pre_slices * pre_mps + mb) * kDecodeBM + 2 * tig) * (p.NT * 16) + nt0 * 16 + g;
-  };
-  // The SiLU(gate) * up epilogue of GEMM1 (p.epilogue == 0) for token columns 2*tig (+1) where valid.
-  auto store_silu = [&](const float (&acc)[NTW][4], int mb, int unit, bool v0, bool v1) {
-#pragma unroll
-    for (int q = 0; q < PPW; ++q) {  // tile pair PPW * unit + q: tiles 2q (gate), 2q + 1 (up)
-      const int c_lo = (PPW * unit + q) * 16 + g, c_hi = c_lo + 8;
-      if (c_lo < p.N / 2) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (!(e ? v1 : v0)) continue;
-          char* row = static_cast<char*>(p.out) + (int64_t(mb) * kDecodeBM + 2 * tig + e) * p.out_stride * int64_t(sizeof(T));
-          Act<T>::store(row + c_lo * sizeof(T), silu(acc[2 * q][e]) * acc[2 * q + 1][e]);
-          if (c_hi < p.N / 2) Act<T>::store(row + c_hi * sizeof(T), silu(acc[2 * q][2 + e]) * acc[2 * q + 1][2 + e]);
-        }
-      }
-    }
-  };
-  // PARTS, after the wait (the counts, zeroed by the chain's first kernel, are visible now): the
-  // warp counts its part; the unit's last part adds up every part's sums, stores and releases.
-  auto finish_part = [&](int mb, int nt0) {
-    __threadfence();  // this lane's part sums before the count
-    __syncwarp();
-    const int unit = nt0 / NTW;
-    int last = 0;
-    if (lane == 0) last = atomicAdd(p.pre_count + mb * (p.NT / NTW) + unit, 1) == p.pre_parts - 1;
-    if (!__shfl_sync(0xffffffffu, last, 0)) return;
-    __threadfence();  // lane 0 observed every part's count: the other parts' sums are visible
-    const int t0 = (mb % pre_mps) * kDecodeBM + 2 * tig;
-    const bool v0 = t0 < pre_tokens, v1 = t0 + 1 < pre_tokens;
-    float acc[NTW][4];
-#pragma unroll
-    for (int i = 0; i < NTW; ++i)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[i][r] = 0.f;
-    for (int part = 0; part < p.pre_parts; ++part) {
-      const float* scr = part_sums(part, mb, nt0);
-#pragma unroll
-      for (int i = 0; i < NTW; ++i)
-#pragma unroll
-        for (int r = 0; r < 4; ++r)
-          if ((r & 1) ? v1 : v0) acc[i][r] += __ldcg(scr + (r & 1) * (p.NT * 16) + i * 16 + 8 * (r >> 1));
-    }
-    store_silu(acc, mb, unit, v0, v1);
-    release_mb(mb);
-  };
 
   for (int64_t item = blockIdx.x;; item = next_item(item)) {
     if (!tables && item >= pre_total) {
@@ -233,8 +184,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
           const WorkItem pj = pre_item(j);
           if (releases(pj.nb)) release_mb(pj.mb);
         }
-      } else if (pre_part_mb[warp] >= 0) {  // warp-uniform
-        finish_part(pre_part_mb[warp], pre_part_nt0[warp]);
+      } else if (pre_done_mb[warp] >= 0) {  // warp-uniform
+        release_mb(pre_done_mb[warp]);
       }
       total = total_items();
     }
@@ -525,21 +476,47 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
 
     // ---- epilogue: C rows are weight rows (g, g+8), columns are tokens (2*tig, 2*tig+1) ----
-    if (PARTS && !tables && p.pre_parts > 1) {  // a K part of a shared-slice item, ahead of the wait
-      // Its sums into its own scratch slot (plain stores: nothing needs zeroing before the wait);
-      // counted, added up and stored after the wait (finish_part).
-      float* scr = part_sums(split, mb, nt0);
+    if (PARTS && !tables && p.pre_parts > 1) {  // a K part of a shared-slice item
+      // This part's sums into the scratch; the unit's last part reads the totals back and stores.
+      // scratch [m-block][token column][NT * 16]: this lane's columns 2*tig (+1), rows g (+8).
+      float* scr = p.pre_scratch + (int64_t(mb) * kDecodeBM + 2 * tig) * (p.NT * 16) + nt0 * 16 + g;
+      const int cstride = p.NT * 16;
+      const bool v0 = slot0 >= 0, v1 = slot1 >= 0;
 #pragma unroll
       for (int i = 0; i < NTW; ++i)
 #pragma unroll
         for (int r = 0; r < 4; ++r)
-          if (((r & 1) ? slot1 : slot0) >= 0) __stcg(scr + (r & 1) * (p.NT * 16) + i * 16 + 8 * (r >> 1), acc[i][r]);
-      if (lane == 0) pre_part_mb[warp] = mb, pre_part_nt0[warp] = nt0;
+          if ((r & 1) ? v1 : v0) atomicAdd(scr + (r & 1) * cstride + i * 16 + 8 * (r >> 1), acc[i][r]);
+      __threadfence();
       __syncwarp();
-      continue;  // warp-uniform; no block barrier follows
+      int last = 0;
+      if (lane == 0) last = atomicAdd(p.pre_count + mb * (p.NT / NTW) + unit, 1) == p.pre_parts - 1;
+      if (!__shfl_sync(0xffffffffu, last, 0)) continue;  // warp-uniform; no block barrier follows
+      __syncwarp();  // lane 0 observed every part's count: its lanes read the sums after it
+      __threadfence();
+#pragma unroll
+      for (int i = 0; i < NTW; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if ((r & 1) ? v1 : v0) acc[i][r] = __ldcg(scr + (r & 1) * cstride + i * 16 + 8 * (r >> 1));
+      if (lane == 0) pre_done_mb[warp] = mb;
+      __syncwarp();
     }
     if (p.epilogue == 0) {
-      store_silu(acc, mb, unit, slot0 >= 0, slot1 >= 0);
+#pragma unroll
+      for (int q = 0; q < PPW; ++q) {  // tile pair PPW * unit + q: tiles 2q (gate), 2q + 1 (up)
+        const int c_lo = (PPW * unit + q) * 16 + g, c_hi = c_lo + 8;
+        if (c_lo < p.N / 2) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if ((e ? slot1 : slot0) < 0) continue;
+            char* row = static_cast<char*>(p.out) +
+                        (int64_t(mb) * kDecodeBM + 2 * tig + e) * p.out_stride * int64_t(sizeof(T));
+            Act<T>::store(row + c_lo * sizeof(T), silu(acc[2 * q][e]) * acc[2 * q + 1][e]);
+            if (c_hi < p.N / 2) Act<T>::store(row + c_hi * sizeof(T), silu(acc[2 * q][2 + e]) * acc[2 * q + 1][2 + e]);
+          }
+        }
+      }
     } else {
       float* out = static_cast<float*>(p.out);
 #pragma unroll

@@ -148,9 +148,9 @@ TEST(CudaLayer, DeepSeekV3Routing256Experts) {
 }
 
 // A hidden size of 4096 makes GEMM1 run the shared slices' items in K parts on several blocks at
-// one token (shared_slice_parts_pay; GemmRun::pre_scratch: each part stores its sums in its own
-// slot ahead of the wait, and counts itself after it in counts the router zero-fills); the layer
-// must equal the reference as before, and at 2 and 17 tokens (no parts) too.
+// one token (shared_slice_parts_pay; GemmRun::pre_scratch: the router zero-fills their scratch and
+// the routing kernel releases the chain only after it); the layer must equal the reference as
+// before, and at 2 and 17 tokens (no parts) too.
 TEST(CudaLayer, SharedSlicesInKParts) {
   WNA16_REQUIRE_GPU();
   MoeLayerSpec s = spec_of("shared-k-parts", 4096, 128, 64, 6);

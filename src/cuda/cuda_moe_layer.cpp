@@ -535,7 +535,9 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
     align.max_blocks = L.max_blocks;
   }
   // GEMM1's shared-slice parts use the router's zero-fill before their own wait: the chain after
-  // the routing kernel may start only once the router has completed.
+  // the routing kernel may start only once the router has completed. (It also keeps their weight
+  // stream off the router's: a variant where the parts needed no zero-fill and GEMM1 started with
+  // the routing kernel measured 1.5-2 us slower at DeepSeek-V3 M=1, docs/perf.md session 9.)
   const bool pre_parts = L.has_pre_parts() && !pre_parts_off() && !g1.perm && !g1.perm_up;
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
                              ids2, w2, st, align, pre_parts);

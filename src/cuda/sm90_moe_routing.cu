@@ -65,7 +65,6 @@ struct RouteParams {
                      // ids are then offset by S (the layer's kernel experts: shared slices first)
   const float* gate_logit;  // [M]: their weight is sigmoid(gate_logit[m]); null: weight 1
   RoutingAlignOut align;    // M == 1 only (align.sorted null: off): the align step's outputs
-  bool release_late;        // release the dependents only after the wait (see launch_routing_with_shared)
 };
 
 // The logits' dtype is a template parameter: a run-time switch put every load in its own branch
@@ -128,7 +127,9 @@ struct RouteScratch {
 //  - top-k: T = the k-th best of the 32 lane maxima; every expert in the top k is not beaten by T
 //    (k lane maxima are >= T), and nothing beaten by T beats such an expert, so the top k are the
 //    ranks < k among the candidates not beaten by T (at most k * VPL, usually about k).
-template <int VPL, int DT>
+// LATE: release the dependents only after the wait (launch_routing_with_shared's release_late; a
+// variant of its own, fp32 logits only, so that the usual kernels keep their code).
+template <int VPL, int DT, bool LATE = false>
 // (min blocks 1: ptxas otherwise capped VPL 32 at 128 registers and spilled)
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const RouteParams p) {
   __shared__ RouteScratch<VPL> scratch[kRouteWarps];
@@ -137,7 +138,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
   // topk_ids. And the logits are read only once the previous kernel (the router GEMM) is done.
   // NOTE: every thread waits before it may return, so this grid completes only after its
   // predecessor did (the layer's chain relies on that for the router's zero-fill).
-  if (!p.release_late) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if constexpr (!LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int lane = threadIdx.x & 31;
   const int64_t m = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
   const int E = p.E;
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
   asm volatile("griddepcontrol.wait;" ::: "memory");
   // release_late: the dependents start only once the previous kernel (the router, with its
   // zero-fill) has completed: GEMM1's shared-slice parts use zeroed scratch before their own wait.
-  if (p.release_late) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if constexpr (LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (m >= p.M) return;  // warp-uniform
   RouteScratch<VPL>& sc = scratch[threadIdx.x >> 5];
   const unsigned lt = (1u << lane) - 1u;
@@ -375,7 +376,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
 }
 
 template <int VPL, int DT>
-void launch_vpl_dt(const RouteParams& p, cudaStream_t s, bool pdl) {
+void launch_vpl_dt(const RouteParams& p, cudaStream_t s, bool pdl, bool late) {
   const unsigned blocks = static_cast<unsigned>((p.M + kRouteWarps - 1) / kRouteWarps);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -387,14 +388,21 @@ void launch_vpl_dt(const RouteParams& p, cudaStream_t s, bool pdl) {
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
+  if constexpr (DT == 0) {
+    if (late) {
+      WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_routing_kernel<VPL, DT, true>, p));
+      return;
+    }
+  }
+  if (late) throw Error("routing: release_late needs fp32 logits");
   WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_routing_kernel<VPL, DT>, p));
 }
 
 template <int VPL>
-void launch_vpl(const RouteParams& p, cudaStream_t s, bool pdl) {
-  if (p.dtype == 0) launch_vpl_dt<VPL, 0>(p, s, pdl);
-  else if (p.dtype == 1) launch_vpl_dt<VPL, 1>(p, s, pdl);
-  else launch_vpl_dt<VPL, 2>(p, s, pdl);
+void launch_vpl(const RouteParams& p, cudaStream_t s, bool pdl, bool late) {
+  if (p.dtype == 0) launch_vpl_dt<VPL, 0>(p, s, pdl, late);
+  else if (p.dtype == 1) launch_vpl_dt<VPL, 1>(p, s, pdl, late);
+  else launch_vpl_dt<VPL, 2>(p, s, pdl, late);
 }
 
 }  // namespace
@@ -465,8 +473,7 @@ void launch_routing_impl(const RoutingConfig& cfg, const void* logits, DType log
   if (logits == nullptr || topk_ids == nullptr || topk_weights == nullptr)
     throw Error("routing: a null pointer among logits, topk_ids, topk_weights (M=" + std::to_string(M) + ")");
 
-  RouteParams p{};
-  p.release_late = release_late;
+  RouteParams p;
   p.logits = logits;
   p.dtype = dtype;
   p.M = M;
@@ -486,12 +493,12 @@ void launch_routing_impl(const RoutingConfig& cfg, const void* logits, DType log
   p.align = align;
 
   const int vpl = (E + 31) / 32;
-  if (vpl <= 1) launch_vpl<1>(p, s, pdl);
-  else if (vpl <= 2) launch_vpl<2>(p, s, pdl);
-  else if (vpl <= 4) launch_vpl<4>(p, s, pdl);
-  else if (vpl <= 8) launch_vpl<8>(p, s, pdl);
-  else if (vpl <= 16) launch_vpl<16>(p, s, pdl);
-  else launch_vpl<32>(p, s, pdl);
+  if (vpl <= 1) launch_vpl<1>(p, s, pdl, release_late);
+  else if (vpl <= 2) launch_vpl<2>(p, s, pdl, release_late);
+  else if (vpl <= 4) launch_vpl<4>(p, s, pdl, release_late);
+  else if (vpl <= 8) launch_vpl<8>(p, s, pdl, release_late);
+  else if (vpl <= 16) launch_vpl<16>(p, s, pdl, release_late);
+  else launch_vpl<32>(p, s, pdl, release_late);
 }
 
 }  // namespace

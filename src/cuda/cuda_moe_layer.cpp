@@ -102,11 +102,21 @@ void stage_done(const char* what, cudaStream_t st) {
 
 struct Workspace {
   int64_t logits = 0, gate = 0, ids = 0, w = 0, ids2 = 0, w2 = 0, sorted = 0, eids = 0, ntpp = 0, inter = 0,
-          acc = 0, handoff = 0, xperm = 0, total = 0;
+          acc = 0, handoff = 0, pre_scratch = 0, pre_count = 0, zero_end = 0, xperm = 0, total = 0;
   int64_t max_padded = 0, max_blocks = 0;
+  bool has_pre_parts() const { return pre_count > pre_scratch; }  // the shared-slice parts' scratch
 };
 
 }  // namespace
+
+// Tokens up to which the layout may hold GEMM1's shared-slice parts' scratch (GemmRun::pre_scratch;
+// shared_slice_parts_pay decides).
+constexpr int64_t kPreScratchMaxM = 1;
+// A/B switch WNA16_NO_PRE_PARTS=1: no shared-slice parts (and the routing kernel's usual early release).
+static bool pre_parts_off() {
+  static const bool off = std::getenv("WNA16_NO_PRE_PARTS") != nullptr;
+  return off;
+}
 
 struct CudaMoeLayer::Impl {
   MoeLayerSpec spec;
@@ -143,6 +153,13 @@ struct CudaMoeLayer::Impl {
     // The decode GEMMs' m-block handoff (GemmRun::mb_done): max_blocks counters, then the item
     // counter; zeroed with the accumulator by the router launch (it directly follows acc).
     ws.handoff = take((ws.max_blocks + 1) * 4);
+    // Decode with shared slices: GEMM1's shared-slice K parts (GemmRun::pre_scratch / pre_count),
+    // zeroed by the router too, where shared_slice_parts_pay says they pay.
+    if (S > 0 && M <= kPreScratchMaxM && block_m == gemm_config_block_m(0) && shared_slice_parts_pay(g1, M)) {
+      ws.pre_scratch = take(pre_scratch_floats(M, S, g1.NT) * 4);
+      ws.pre_count = take(pre_count_ints(M, S, g1.NT) * 4);
+    }
+    ws.zero_end = off;
     // The k-permuted copy of x for the prefill kernel (config m144w, the largest m-blocks, only).
     ws.xperm = block_m >= gemm_config_block_m(gemm_config_count() - 1) ? take(M * H * 2) : off;
     ws.total = off;
@@ -497,7 +514,7 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
                                          int block_m, cudaStream_t st) const {
   auto* logits = reinterpret_cast<float*>(ws + L.logits);
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
-  const int64_t zero_n = (L.handoff - L.acc) / 4 + align_up(L.max_blocks + 1, 4);  // acc .. handoff
+  const int64_t zero_n = (L.zero_end - L.acc) / 4;  // acc, handoff, the shared-slice parts' scratch
   launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate,
                        reinterpret_cast<float*>(ws + L.acc), zero_n, st);
   stage_done("router logits", st);
@@ -517,8 +534,13 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
     align.max_padded = L.max_padded;
     align.max_blocks = L.max_blocks;
   }
+  // GEMM1's shared-slice parts use the router's zero-fill before their own wait: the chain after
+  // the routing kernel may start only once the router has completed. (It also keeps their weight
+  // stream off the router's: a variant where the parts needed no zero-fill and GEMM1 started with
+  // the routing kernel measured 1.5-2 us slower at DeepSeek-V3 M=1, docs/perf.md session 9.)
+  const bool pre_parts = L.has_pre_parts() && !pre_parts_off() && !g1.perm && !g1.perm_up;
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
-                             ids2, w2, st, align);
+                             ids2, w2, st, align, pre_parts);
   stage_done("routing", st);
   if (diag_skip(3) || align.sorted) return;
   launch_align(ids2, M * k2, E2, block_m, reinterpret_cast<int32_t*>(ws + L.sorted),
@@ -539,6 +561,9 @@ size_t CudaMoeLayer::workspace_bytes(int64_t max_m) const {
   int64_t total = 0;
   for (int c = 0; c < gemm_config_count(); ++c)
     total = std::max<int64_t>(total, impl_->layout(max_m, gemm_config_block_m(c)).total);
+  // Up to kPreScratchMaxM tokens the decode layout also holds the shared-slice parts' scratch,
+  // which larger M do not: a call with fewer tokens than max_m may need more.
+  total = std::max<int64_t>(total, impl_->layout(std::min(max_m, kPreScratchMaxM), gemm_config_block_m(0)).total);
   return size_t(total);
 }
 
@@ -576,7 +601,13 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   // tables known from M) before it waits for the align step: their weights stream while the
   // routing chain runs (GemmRun::pre_wait_slices). A/B switch: WNA16_NO_PRE_WAIT=1.
   static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
-  if (!no_pre_wait && r.wait_first && config == 0 && !d.g1.perm && !d.g1.perm_up) r.pre_wait_slices = d.S;
+  if (!no_pre_wait && r.wait_first && config == 0 && !d.g1.perm && !d.g1.perm_up) {
+    r.pre_wait_slices = d.S;
+    if (L.has_pre_parts() && !pre_parts_off()) {
+      r.pre_scratch = reinterpret_cast<float*>(ws + L.pre_scratch);
+      r.pre_count = reinterpret_cast<int32_t*>(ws + L.pre_count);
+    }
+  }
   // Both GEMMs on the decode kernel: GEMM2 starts on each m-block as soon as GEMM1 has stored it
   // (GemmRun::mb_done), so it runs in the slots GEMM1's last partial round leaves idle; where
   // GEMM1 is too small to leave any (mb_handoff_pays), GEMM2 waits for the whole GEMM1 grid. A/B
@@ -592,6 +623,8 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
 
   r.wait_first = false;
   r.pre_wait_slices = 0;
+  r.pre_scratch = nullptr;
+  r.pre_count = nullptr;
   r.out_kperm = false;  // GEMM2 writes the fp32 accumulator; its input (the intermediate) is k-permuted with kperm
   d.set_gemm2(r, c.acc, c.w2, ws, L);
   r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);

@@ -164,7 +164,18 @@ struct GemmRun {
   // before the other m-blocks and before any mb_done release. x must be complete before the
   // previous kernels started (the layer's input). 0: off.
   int pre_wait_slices = 0;
+  // With pre_wait_slices: each shared-slice item split along K into parts run by different blocks
+  // (more blocks busy during the routing chain), where the launcher finds the parts fit one round
+  // of the resident blocks. Each part adds its partial sums to pre_scratch ([S * ceil(M / 8) * 8]
+  // token columns x NT * 16 floats) and counts itself in pre_count (S * ceil(M / 8) * NT / 2
+  // ints); the last part of a tile unit applies the epilogue. Both must be zero when GEMM1's first
+  // block starts (not just before its wait). Null: one part (the whole K) per item.
+  float* pre_scratch = nullptr;
+  int32_t* pre_count = nullptr;
 };
+// The shared-slice parts' scratch sizes for GEMM1 (N = 2I, NT its n-tiles) at M tokens, S slices.
+inline int64_t pre_scratch_floats(int64_t M, int S, int64_t NT) { return int64_t(S) * ((M + 7) / 8) * 8 * NT * 16; }
+inline int64_t pre_count_ints(int64_t M, int S, int64_t NT) { return int64_t(S) * ((M + 7) / 8) * (NT / 2); }
 
 // The prefill kernel's k-permuted activation layout: inside each 64-element chunk of a row, the
 // 32 element pairs are stored as an 8 x 4 transpose (real pair 8w + u at pair position 4u + w),
@@ -197,6 +208,12 @@ int resident_blocks(int bits, int config, DType act);
 // handoff, which fills at least one round where it can) fill at least 9/10 of the resident blocks,
 // so GEMM2 can use slots GEMM1 leaves idle before it ends (measured, docs/perf.md).
 bool mb_handoff_pays(const DeviceGemm& g1, const GemmRun& r1);
+// Whether GEMM1 (g1) at `tokens` tokens should run its shared slices' items in K parts
+// (GemmRun::pre_scratch): one token, int4 with groups of 64, 128 or 256 (the kernel's variants),
+// and items long enough to outlast the routing chain (K * bits >= 16384: an item of 64 weight
+// columns carries >= 128 KiB). Measured (docs/perf.md, session 9): DeepSeek-V3 (K=7168) gains;
+// Qwen1.5-MoE and DeepSeek-V2-Lite (K=2048), and DeepSeek-V3 at 4 tokens, lose.
+bool shared_slice_parts_pay(const DeviceGemm& g1, int64_t tokens);
 // Expected m-blocks of bm tokens when M tokens each pick topk distinct experts of E uniformly:
 // E * E[ceil(n / bm)], n ~ Binomial(M, topk / E). The decode work model's m-block estimate
 // (WNA16_DECODE_MBLOCKS=spill: the older one, an A/B switch). Throws Error naming the value for any

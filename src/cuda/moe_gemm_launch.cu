@@ -213,9 +213,11 @@ void trace_launch(const DeviceGemm& w, const GemmRun& r, const gemm::KParams& kp
   if (!on) return;
   char line[256];
   std::snprintf(line, sizeof line,
-                "[wna16 gemm] %s K=%lld N=%lld E=%lld slots=%lld config=%s splits=%d kc_per_split=%d kw=%d pairs/warp=%d\n",
+                "[wna16 gemm] %s K=%lld N=%lld E=%lld slots=%lld config=%s splits=%d kc_per_split=%d kw=%d pairs/warp=%d "
+                "shared-slice parts=%d\n",
                 r.epilogue == GemmEpilogue::SiluMul ? "GEMM1" : "GEMM2", (long long)w.K, (long long)w.N, (long long)w.E,
-                (long long)r.num_slots, kConfigs[r.config].name, kp.splits, kp.kc_per_split, kp.decode_kw, kp.decode_ppw);
+                (long long)r.num_slots, kConfigs[r.config].name, kp.splits, kp.kc_per_split, kp.decode_kw, kp.decode_ppw,
+                kp.pre_slices > 0 ? kp.pre_parts : 0);
   static std::mutex mu;
   static std::set<std::string> seen;
   std::lock_guard<std::mutex> lock(mu);
@@ -234,10 +236,24 @@ struct DecodePlan {
   double items = 0;
   int64_t resident = 1;
 };
-DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc_per_split, bool fill) {
+// A tight bound on the m-blocks the align step can produce: every active expert pads at most one
+// partial block, so blocks <= ceil(slots / BLOCK_M) + min(E, slots) (usually far below max_blocks,
+// which assumes every expert padded); mb_count where the run names its m-blocks.
+int64_t upper_mblocks(const DeviceGemm& w, const GemmRun& r) {
   const int64_t bm = gemm_config_block_m(r.config);
   const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
-  const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
+  return r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
+}
+// The m-blocks of the shared slices run ahead of the align step (GemmRun::pre_wait_slices):
+// ceil(tokens / BLOCK_M) per slice.
+int64_t pre_wait_mblocks(const GemmRun& r) {
+  const int64_t bm = gemm_config_block_m(r.config);
+  return r.topk > 0 ? int64_t(r.pre_wait_slices) * ((r.num_slots / r.topk + bm - 1) / bm) : 0;
+}
+
+DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc_per_split, bool fill) {
+  const int64_t bm = gemm_config_block_m(r.config);
+  const int64_t upper = upper_mblocks(w, r);
   const int64_t mblocks_all =
       r.mb_count >= 0 ? r.mb_count : std::min(upper, estimate_mblocks(r.num_slots / r.topk, r.topk, w.E, bm));
   // The shared slices' m-blocks run ahead of the wait for the align step, during the routing
@@ -247,7 +263,7 @@ DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc
   static const bool no_pre_plan = std::getenv("WNA16_NO_PRE_WAIT_PLAN") != nullptr;
   int64_t mblocks = mblocks_all;
   if (r.pre_wait_slices > 0 && !no_pre_plan) {
-    const int64_t pre = int64_t(r.pre_wait_slices) * ((r.num_slots / r.topk + bm - 1) / bm);
+    const int64_t pre = pre_wait_mblocks(r);
     if (4 * pre <= mblocks_all) mblocks = std::max<int64_t>(1, mblocks_all - pre);
   }
   const int only_kw = r.epilogue == GemmEpilogue::SiluMul ? decode_kw_pins().first : decode_kw_pins().second;
@@ -276,6 +292,11 @@ DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc
   return plan;
 }
 }  // namespace
+
+bool shared_slice_parts_pay(const DeviceGemm& g1, int64_t tokens) {
+  const bool static_group = g1.group_len == 64 || g1.group_len == 128 || g1.group_len == 256;
+  return tokens == 1 && g1.bits == 4 && static_group && !g1.perm && !g1.perm_up && g1.K * g1.bits >= 16384;
+}
 
 bool mb_handoff_pays(const DeviceGemm& g1, const GemmRun& r1) {
   if (r1.config != 0 || g1.perm || g1.perm_up || r1.num_slots < 1) return false;
@@ -379,8 +400,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
                 " needs 0 < S <= topk (" + std::to_string(r.topk) + ") and <= E (" + std::to_string(w.E) +
                 "), the decode kernel (config m8 without act-order), the SiluMul epilogue, overlap_previous and "
                 "wait_first, over all m-blocks (mb_begin 0, mb_count < 0)");
-  if (r.pre_wait_slices > 0 && r.topk > 0 &&
-      int64_t(r.pre_wait_slices) * ((r.num_slots / r.topk + 7) / 8) * w.NT >= (int64_t(1) << 31))
+  if (r.pre_wait_slices > 0 && pre_wait_mblocks(r) * w.NT >= (int64_t(1) << 31))
     throw Error("pre_wait_slices=" + std::to_string(r.pre_wait_slices) + " with " + std::to_string(r.num_slots / r.topk) +
                 " tokens: the shared slices' work items exceed the kernel's 2^31 range");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
@@ -467,15 +487,12 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     kp.static_groups = 1;
   }
   kp.group_shift = log2_or_neg(w.group_len);
-  // A tight bound on the m-blocks the align step can produce: every active expert pads at most
-  // one partial block, so blocks <= ceil(slots / BLOCK_M) + min(E, slots) (usually far below
-  // max_blocks, which assumes every expert padded). Fewer blocks that only exit.
-  const int64_t bm = gemm_config_block_m(r.config);
-  const int64_t tight = (r.num_slots + bm - 1) / bm + std::min<int64_t>(w.E, r.num_slots);
-  const int64_t upper = r.mb_count >= 0 ? r.mb_count : std::min<int64_t>(r.max_blocks, tight);
+  const int64_t upper = upper_mblocks(w, r);  // fewer blocks that only exit
   static const bool no_pdl = std::getenv("WNA16_NO_GEMM_PDL") != nullptr;  // A/B switch
   kp.pdl = r.overlap_previous && !no_pdl ? (r.wait_first ? 2 : 1) : 0;
   kp.pre_slices = kp.pdl == 2 ? r.pre_wait_slices : 0;  // a plain launch has nothing to run ahead of
+  kp.pre_parts = 1;
+  kp.pre_kc = kp.kc_per_split;
   if (r.config == 0 && !w.perm) {
     // Decode kernel: the work shape (warps per unit along K, pairs per warp where the variant is
     // allowed) of the shortest modelled critical path on the expected m-blocks.
@@ -487,6 +504,29 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
         plan_decode(w, r, kp.splits, kp.kc_per_split, r.epilogue == GemmEpilogue::SiluMul && r.mb_done != nullptr);
     kp.decode_ppw = plan.ppw;
     kp.decode_kw = plan.kw;
+    kp.pre_kc = kp.kc_per_split;
+    // The shared slices' items in K parts (GemmRun::pre_scratch): as many parts as keep all of
+    // them in one round of the resident blocks (at most one per block: the kernel's release
+    // bookkeeping), each part at least one group per warp.
+    // The kernel has parts for int4 static groups only.
+    const int64_t units = w.NT / (2 * plan.ppw), per_block = gemm::kDecodeWarps / plan.kw;
+    const int64_t pre_base = pre_wait_mblocks(r) * ((units + per_block - 1) / per_block);
+    if (kp.pre_slices > 0 && r.pre_scratch && r.pre_count && w.bits == 4 && kp.static_groups) {
+      const int64_t group = kp.chunks_per_group;
+      const int64_t max_parts = std::min<int64_t>(8, kp.KC / (plan.kw * group));
+      const int64_t parts = std::min<int64_t>(plan.resident / pre_base, max_parts);
+      if (parts > 1) {
+        const int64_t kc = (kp.KC + parts - 1) / parts;
+        kp.pre_kc = int((kc + group - 1) / group * group);
+        kp.pre_parts = int((kp.KC + kp.pre_kc - 1) / kp.pre_kc);
+        kp.pre_scratch = r.pre_scratch;
+        kp.pre_count = r.pre_count;
+      }
+    }
+    if (kp.pre_slices > 0) {
+      kp.pre_base = int(pre_base * kp.splits);
+      kp.pre_total = kp.pre_base * kp.pre_parts;
+    }
   }
   trace_launch(w, r, kp);
   auto s = static_cast<cudaStream_t>(stream);

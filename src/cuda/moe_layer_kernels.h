@@ -34,9 +34,11 @@ struct RoutingAlignOut {
 // align (M == 1 and top_k + S <= 32 only; sorted null: off): the routing kernel also writes what
 // launch_align(ids2, top_k + S, num_experts + S, block_m, ...) would, so the layer's one-token chain
 // has no align launch. max_padded / max_blocks: the tables' sizes (at least the align contract's).
+// release_late: the kernels after it may start only once the kernel before it has completed
+// (default: at its start), for a dependent that uses what that kernel zeroed before its own wait.
 void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias,
                                 const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream,
-                                const RoutingAlignOut& align = {});
+                                const RoutingAlignOut& align = {}, bool release_late = false);
 
 // y = x with each row's K axis k-permuted for the prefill kernel (kperm_pos in moe_gemm.h: inside
 // each 64-element chunk the 32 element pairs as an 8 x 4 transpose). x, y: act [M, H], H a multiple

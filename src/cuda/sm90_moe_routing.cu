@@ -127,7 +127,9 @@ struct RouteScratch {
 //  - top-k: T = the k-th best of the 32 lane maxima; every expert in the top k is not beaten by T
 //    (k lane maxima are >= T), and nothing beaten by T beats such an expert, so the top k are the
 //    ranks < k among the candidates not beaten by T (at most k * VPL, usually about k).
-template <int VPL, int DT>
+// LATE: release the dependents only after the wait (launch_routing_with_shared's release_late; a
+// variant of its own, fp32 logits only, so that the usual kernels keep their code).
+template <int VPL, int DT, bool LATE = false>
 // (min blocks 1: ptxas otherwise capped VPL 32 at 128 registers and spilled)
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const RouteParams p) {
   __shared__ RouteScratch<VPL> scratch[kRouteWarps];
@@ -136,7 +138,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
   // topk_ids. And the logits are read only once the previous kernel (the router GEMM) is done.
   // NOTE: every thread waits before it may return, so this grid completes only after its
   // predecessor did (the layer's chain relies on that for the router's zero-fill).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if constexpr (!LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int lane = threadIdx.x & 31;
   const int64_t m = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
   const int E = p.E;
@@ -169,6 +171,9 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
     for (int64_t b = n + t; b < a.max_blocks; b += nt) a.expert_ids[b] = -1;
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  // release_late: the dependents start only once the previous kernel (the router, with its
+  // zero-fill) has completed: GEMM1's shared-slice parts use zeroed scratch before their own wait.
+  if constexpr (LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (m >= p.M) return;  // warp-uniform
   RouteScratch<VPL>& sc = scratch[threadIdx.x >> 5];
   const unsigned lt = (1u << lane) - 1u;
@@ -371,7 +376,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
 }
 
 template <int VPL, int DT>
-void launch_vpl_dt(const RouteParams& p, cudaStream_t s, bool pdl) {
+void launch_vpl_dt(const RouteParams& p, cudaStream_t s, bool pdl, bool late) {
   const unsigned blocks = static_cast<unsigned>((p.M + kRouteWarps - 1) / kRouteWarps);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -383,14 +388,21 @@ void launch_vpl_dt(const RouteParams& p, cudaStream_t s, bool pdl) {
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
+  if constexpr (DT == 0) {
+    if (late) {
+      WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_routing_kernel<VPL, DT, true>, p));
+      return;
+    }
+  }
+  if (late) throw Error("routing: release_late needs fp32 logits");
   WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_routing_kernel<VPL, DT>, p));
 }
 
 template <int VPL>
-void launch_vpl(const RouteParams& p, cudaStream_t s, bool pdl) {
-  if (p.dtype == 0) launch_vpl_dt<VPL, 0>(p, s, pdl);
-  else if (p.dtype == 1) launch_vpl_dt<VPL, 1>(p, s, pdl);
-  else launch_vpl_dt<VPL, 2>(p, s, pdl);
+void launch_vpl(const RouteParams& p, cudaStream_t s, bool pdl, bool late) {
+  if (p.dtype == 0) launch_vpl_dt<VPL, 0>(p, s, pdl, late);
+  else if (p.dtype == 1) launch_vpl_dt<VPL, 1>(p, s, pdl, late);
+  else launch_vpl_dt<VPL, 2>(p, s, pdl, late);
 }
 
 }  // namespace
@@ -436,7 +448,7 @@ float weight_scale(const RoutingConfig& cfg) {
 
 void launch_routing_impl(const RoutingConfig& cfg, const void* logits, DType logits_dtype, int64_t M,
                          const float* bias, const float* gate_logit, int S, int32_t* topk_ids, float* topk_weights,
-                         bool pdl, cudaStream_t s, const RoutingAlignOut& align = {}) {
+                         bool pdl, cudaStream_t s, const RoutingAlignOut& align = {}, bool release_late = false) {
   check_routing_args(cfg, M, bias, S);
   if (align.sorted) {
     if (M != 1 || cfg.top_k + S > 32)
@@ -481,12 +493,12 @@ void launch_routing_impl(const RoutingConfig& cfg, const void* logits, DType log
   p.align = align;
 
   const int vpl = (E + 31) / 32;
-  if (vpl <= 1) launch_vpl<1>(p, s, pdl);
-  else if (vpl <= 2) launch_vpl<2>(p, s, pdl);
-  else if (vpl <= 4) launch_vpl<4>(p, s, pdl);
-  else if (vpl <= 8) launch_vpl<8>(p, s, pdl);
-  else if (vpl <= 16) launch_vpl<16>(p, s, pdl);
-  else launch_vpl<32>(p, s, pdl);
+  if (vpl <= 1) launch_vpl<1>(p, s, pdl, release_late);
+  else if (vpl <= 2) launch_vpl<2>(p, s, pdl, release_late);
+  else if (vpl <= 4) launch_vpl<4>(p, s, pdl, release_late);
+  else if (vpl <= 8) launch_vpl<8>(p, s, pdl, release_late);
+  else if (vpl <= 16) launch_vpl<16>(p, s, pdl, release_late);
+  else launch_vpl<32>(p, s, pdl, release_late);
 }
 
 }  // namespace
@@ -499,9 +511,9 @@ void launch_routing(const RoutingConfig& cfg, const void* logits, DType logits_d
 
 void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias,
                                 const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream,
-                                const RoutingAlignOut& align) {
+                                const RoutingAlignOut& align, bool release_late) {
   launch_routing_impl(cfg, logits, DType::F32, M, bias, gate_logit, S, ids2, weights2, true,
-                      static_cast<cudaStream_t>(stream), align);
+                      static_cast<cudaStream_t>(stream), align, release_late);
 }
 
 }  // namespace wna16::cuda

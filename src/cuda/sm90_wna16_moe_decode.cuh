@@ -54,8 +54,10 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
 // divides the ring depth, so group boundaries fall on fixed ring slots (slices are then whole
 // groups) and the group bookkeeping, the zeroing of the partial sums and the flush test vanish
 // from the loop; 0: tracked at run time. CPG may exceed the ring depth: the loop body then covers
-// CPG chunks (several turns of the ring). PPW: tile pairs per warp (1, or 2 for int4).
-template <class T, int BITS, bool DEFER, int CPG, int PPW = 1>
+// CPG chunks (several turns of the ring). PPW: tile pairs per warp (1, or 2 for int4). PARTS: the
+// shared slices' items ahead of the wait may come in K parts (KParams::pre_parts); a variant of its
+// own, so that the kernels without parts keep their code (int4 static groups only).
+template <class T, int BITS, bool DEFER, int CPG, int PPW = 1, bool PARTS = false>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_decode_kernel(const KParams p) {
   constexpr int U = BITS / 4;         // uint4 per lane per tile and k-chunk
   constexpr int NTW = 2 * PPW;        // tiles per warp
@@ -66,6 +68,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   constexpr int kCpg = CPG ? CPG : 1;
   constexpr int UN = PF > kCpg ? PF : kCpg;  // chunks per loop body (unrolled); ring slot = position % PF
   static_assert(CPG == 0 || (DEFER && UN % kCpg == 0 && UN % PF == 0), "static groups need deferred scaling, CPG | UN, PF | UN");
+  static_assert(!PARTS || (BITS == 4 && CPG != 0), "shared-slice parts: int4 static groups only");
   constexpr bool kStaticGroups = CPG != 0;
   // Deferred partial-sum chains per tile: two (even / odd k-steps) with one pair, so consecutive
   // MMAs do not wait on each other; one with two pairs (four tiles already give four chains).
@@ -99,14 +102,19 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   const int nb_count = ((p.NT / NTW) + units_per_block - 1) / units_per_block;
   const int pre_tokens = p.num_slots / p.topk;
   const int pre_mps = (pre_tokens + kDecodeBM - 1) / kDecodeBM;  // m-blocks per shared slice
-  const int pre_total = p.pre_slices * pre_mps * nb_count * p.splits;  // < 2^31: checked on the host
+  // PARTS: the shared-slice items, each in pre_parts parts along K (the part in WorkItem::split,
+  // pre_kc chunks each; KParams holds the host's counts); after the wait, item pre_total + i is
+  // the routed item pre_base + i. Else one item per part (pre_base = pre_total).
+  const int pre_total = PARTS ? p.pre_total : p.pre_slices * pre_mps * nb_count * p.splits;  // < 2^31: checked on the host
+  const int pre_base = PARTS ? p.pre_base : pre_total;
   bool tables = !(p.pdl == 2 && int64_t(blockIdx.x) < pre_total);  // the align tables may be read
   if (p.pdl == 2 && tables) asm volatile("griddepcontrol.wait;" ::: "memory");
   if (tables) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   bool waited = p.pdl == 2;  // x is ready (pdl 2: x precedes the whole routing chain)
   auto total_items = [&] {
     const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
-    return int64_t(num_mb) * nb_count * p.splits;
+    if constexpr (PARTS) return int64_t(num_mb) * nb_count * p.splits - pre_base + pre_total;
+    else return int64_t(num_mb) * nb_count * p.splits;
   };
   int64_t total = tables ? total_items() : pre_total;
   const T* x = static_cast<const T*>(p.x);
@@ -137,11 +145,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
   };
 
-  // A shared slice's item ahead of the wait: expert = slice (mb_begin is 0).
+  // A shared slice's item ahead of the wait: expert = slice (mb_begin is 0); split = its K part.
   auto pre_item = [&](int64_t item) {
     WorkItem w;
-    w.split = int(item % p.splits);
-    const int64_t rest = item / p.splits;
+    int64_t rest;
+    if constexpr (PARTS) {
+      w.split = int(item % p.pre_parts);
+      rest = item / p.pre_parts / p.splits;
+    } else {
+      w.split = int(item % p.splits);
+      rest = item / p.splits;
+    }
     w.nb = int(rest % nb_count);
     w.mb = int(rest / nb_count);
     w.expert = w.mb / pre_mps;
@@ -149,6 +163,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   };
   // Whether this warp adds to mb_done for its item (see the skips and the epilogue below).
   auto releases = [&](int nb) { return wk == 0 && !(PPW > 1 && NTW * (nb * units_per_block + wp) >= p.NT); };
+  // Parts > 1: the m-block whose unit each warp completed as the last part (released after the
+  // wait; the host keeps every block to at most one shared-slice item then), else -1. In shared
+  // memory, not a register: the loop has none to spare.
+  __shared__ int pre_done_mb[PARTS ? kDecodeWarps : 1];
+  if constexpr (PARTS) {
+    if (lane == 0) pre_done_mb[warp] = -1;
+    __syncwarp();
+  }
 
   for (int64_t item = blockIdx.x;; item = next_item(item)) {
     if (!tables && item >= pre_total) {
@@ -157,15 +179,19 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       tables = true;
       // The items run ahead stored their m-blocks before the wait; the counters (zeroed by the
       // chain's first kernel) may take their releases only now.
-      for (int64_t j = blockIdx.x; j < pre_total; j += gridDim.x) {
-        const WorkItem pj = pre_item(j);
-        if (releases(pj.nb)) release_mb(pj.mb);
+      if (!PARTS || p.pre_parts == 1) {
+        for (int64_t j = blockIdx.x; j < pre_total; j += gridDim.x) {
+          const WorkItem pj = pre_item(j);
+          if (releases(pj.nb)) release_mb(pj.mb);
+        }
+      } else if (pre_done_mb[warp] >= 0) {  // warp-uniform
+        release_mb(pre_done_mb[warp]);
       }
       total = total_items();
     }
     if (item >= total) break;
     if (p.item_claim && threadIdx.x == 0) next_claim = int(gridDim.x) + atomicAdd(p.item_claim, 1);
-    const WorkItem it = tables ? decode_item(p, item, nb_count) : pre_item(item);
+    const WorkItem it = tables ? decode_item(p, PARTS ? item - pre_total + pre_base : item, nb_count) : pre_item(item);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     if (expert < 0) continue;  // block-uniform
     const int unit = nb * units_per_block + wp;
@@ -211,7 +237,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
 
     // This warp's k-chunks: the split's range cut into kw slices (whole groups when deferred).
-    const int ks0 = split * p.kc_per_split, ks_end = min(p.KC, ks0 + p.kc_per_split);
+    const int kcs = PARTS && !tables ? p.pre_kc : p.kc_per_split;
+    const int ks0 = split * kcs, ks_end = min(p.KC, ks0 + kcs);
     int per = (ks_end - ks0 + kw - 1) / kw;
     if (DEFER && (kStaticGroups || p.G > 1)) per = (per + p.chunks_per_group - 1) / p.chunks_per_group * p.chunks_per_group;
     const int kb = min(ks_end, ks0 + wk * per), ke = min(ks_end, kb + per);
@@ -449,6 +476,32 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
 
     // ---- epilogue: C rows are weight rows (g, g+8), columns are tokens (2*tig, 2*tig+1) ----
+    if (PARTS && !tables && p.pre_parts > 1) {  // a K part of a shared-slice item
+      // This part's sums into the scratch; the unit's last part reads the totals back and stores.
+      // scratch [m-block][token column][NT * 16]: this lane's columns 2*tig (+1), rows g (+8).
+      float* scr = p.pre_scratch + (int64_t(mb) * kDecodeBM + 2 * tig) * (p.NT * 16) + nt0 * 16 + g;
+      const int cstride = p.NT * 16;
+      const bool v0 = slot0 >= 0, v1 = slot1 >= 0;
+#pragma unroll
+      for (int i = 0; i < NTW; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if ((r & 1) ? v1 : v0) atomicAdd(scr + (r & 1) * cstride + i * 16 + 8 * (r >> 1), acc[i][r]);
+      __threadfence();
+      __syncwarp();
+      int last = 0;
+      if (lane == 0) last = atomicAdd(p.pre_count + mb * (p.NT / NTW) + unit, 1) == p.pre_parts - 1;
+      if (!__shfl_sync(0xffffffffu, last, 0)) continue;  // warp-uniform; no block barrier follows
+      __syncwarp();  // lane 0 observed every part's count: its lanes read the sums after it
+      __threadfence();
+#pragma unroll
+      for (int i = 0; i < NTW; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          if ((r & 1) ? v1 : v0) acc[i][r] = __ldcg(scr + (r & 1) * cstride + i * 16 + 8 * (r >> 1));
+      if (lane == 0) pre_done_mb[warp] = mb;
+      __syncwarp();
+    }
     if (p.epilogue == 0) {
 #pragma unroll
       for (int q = 0; q < PPW; ++q) {  // tile pair PPW * unit + q: tiles 2q (gate), 2q + 1 (up)
@@ -485,13 +538,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 }
 
 // Blocks of the decode kernel resident per SM (cached per instantiation).
-template <class T, int BITS, bool DEFER, int CPG, int PPW>
+template <class T, int BITS, bool DEFER, int CPG, int PPW, bool PARTS = false>
 int prepare_decode_variant() {
   static int bps = 0;
   static std::once_flag once;
   std::call_once(once, [] {
     WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG, PPW>, kDecodeThreads, 0));
+        &bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG, PPW, PARTS>, kDecodeThreads, 0));
     if (bps < 1) throw Error("the decode kernel cannot be resident on this device");
   });
   return bps;
@@ -502,6 +555,9 @@ constexpr bool kDecodeCanDefer = !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>
 // The 4-tile variant (two tile pairs per warp) exists for int4 only.
 template <int BITS>
 constexpr bool kDecodeHas4Tiles = BITS == 4;
+// The shared-slice parts variant (KParams::pre_parts > 1) exists for int4 static groups only.
+template <int BITS>
+constexpr bool kDecodeHasParts = BITS == 4;
 
 // The chunks per group the static-group variants exist for (those dividing the pair kernel's ring
 // depth; the 4-tile variant covers the same ones by unrolling its 2-chunk ring twice for 4).
@@ -518,6 +574,11 @@ int prepare_decode_ppw() {
     a = std::min(a, prepare_decode_variant<T, BITS, true, 1, PPW>());
     a = std::min(a, prepare_decode_variant<T, BITS, true, 2, PPW>());
     if constexpr (decode_static_cpg<BITS>(4)) a = std::min(a, prepare_decode_variant<T, BITS, true, 4, PPW>());
+    if constexpr (kDecodeHasParts<BITS>) {
+      a = std::min(a, prepare_decode_variant<T, BITS, true, 1, PPW, true>());
+      a = std::min(a, prepare_decode_variant<T, BITS, true, 2, PPW, true>());
+      a = std::min(a, prepare_decode_variant<T, BITS, true, 4, PPW, true>());
+    }
   }
   return a;
 }
@@ -537,6 +598,18 @@ void launch_decode_ppw(const cudaLaunchConfig_t& cfg, const KParams& kp) {
       const bool stat = kp.static_groups && decode_static_cpg<BITS>(kp.chunks_per_group) &&
                         kp.kc_per_split % kp.chunks_per_group == 0;
       const int cpg = stat ? kp.chunks_per_group : 0;
+      if constexpr (kDecodeHasParts<BITS>) {
+        if (kp.pre_parts > 1) {
+          if (cpg != 1 && cpg != 2 && cpg != 4)
+            throw Error("decode kernel: shared-slice parts need static groups (chunks per group " +
+                        std::to_string(kp.chunks_per_group) + ")");
+          auto kern = cpg == 1   ? wna16_moe_decode_kernel<T, BITS, true, 1, PPW, true>
+                      : cpg == 2 ? wna16_moe_decode_kernel<T, BITS, true, 2, PPW, true>
+                                 : wna16_moe_decode_kernel<T, BITS, true, 4, PPW, true>;
+          WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, kp));
+          return;
+        }
+      }
       auto kern = cpg == 1   ? wna16_moe_decode_kernel<T, BITS, true, 1, PPW>
                   : cpg == 2 ? wna16_moe_decode_kernel<T, BITS, true, 2, PPW>
                   : cpg == 4 ? wna16_moe_decode_kernel<T, BITS, true, decode_static_cpg<BITS>(4) ? 4 : 0, PPW>
@@ -545,6 +618,7 @@ void launch_decode_ppw(const cudaLaunchConfig_t& cfg, const KParams& kp) {
       return;
     }
   }
+  if (kp.pre_parts > 1) throw Error("decode kernel: shared-slice parts need the int4 static-group variants");
   WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, false, 0, PPW>, kp));
 }
 
@@ -555,8 +629,17 @@ void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   const int ppw = kDecodeHas4Tiles<BITS> && kp.decode_ppw == 2 ? 2 : 1;
   const int64_t resident = int64_t(prepare_decode<T, BITS>()) * device_info().sms;
   const int64_t units = kp.NT / (2 * ppw), units_per_block = kDecodeWarps / kp.decode_kw;
-  const int64_t items = upper_mblocks * ((units + units_per_block - 1) / units_per_block) * kp.splits;
+  const int64_t nbc = (units + units_per_block - 1) / units_per_block;
+  // The shared slices' items count once per K part (KParams::pre_parts).
+  const int64_t pre_base = int64_t(kp.pre_slices) * ((kp.num_slots / kp.topk + kDecodeBM - 1) / kDecodeBM) * nbc;
+  if (kp.pre_base != pre_base * kp.splits || kp.pre_total != kp.pre_base * kp.pre_parts)
+    throw Error("decode kernel: shared-slice items " + std::to_string(kp.pre_base) + " / parts " +
+                std::to_string(kp.pre_total) + " do not match the launch shape (" + std::to_string(pre_base) + ")");
+  const int64_t items = upper_mblocks * nbc * kp.splits + (kp.pre_parts - 1) * pre_base;
   const int64_t grid = std::max<int64_t>(1, std::min(items, resident));
+  if (kp.pre_parts > 1 && (grid < kp.pre_total || !kp.pre_scratch || !kp.pre_count))
+    throw Error("decode kernel: " + std::to_string(kp.pre_total) + " shared-slice parts for a grid of " +
+                std::to_string(grid) + " blocks (or no scratch): at most one per block");
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;

@@ -295,6 +295,12 @@ struct KParams {
   int mb_done_target;    // GEMM2: waits per m-block for mb_done[mb] >= mb_done_target
   int32_t* item_claim;   // decode kernel only, GEMM2 with mb_done: work items taken from this counter
   int pre_slices;        // decode kernel only, GEMM1 with pdl == 2: GemmRun::pre_wait_slices
+  int pre_parts;         // decode kernel only: K parts per shared-slice item (1: whole K), each pre_kc
+  int pre_kc;            //   chunks (whole groups); > 1 needs pre_scratch, pre_count (GemmRun)
+  float* pre_scratch;
+  int32_t* pre_count;
+  int pre_base;          // decode kernel only: the shared slices' items (whole K), and x pre_parts
+  int pre_total;
 };
 
 // A work item of the persistent loops (staged, decode and prefill kernels): (m-block, n-block,

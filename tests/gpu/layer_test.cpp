@@ -147,6 +147,19 @@ TEST(CudaLayer, DeepSeekV3Routing256Experts) {
   check_layer(s, scheme_of(Format::Awq, 4, 64, false), DType::F16, {17});
 }
 
+// A hidden size of 4096 makes GEMM1 run the shared slices' items in K parts on several blocks at
+// one token (shared_slice_parts_pay; GemmRun::pre_scratch: the router zero-fills their scratch and
+// the routing kernel releases the chain only after it); the layer must equal the reference as
+// before, and at 2 and 17 tokens (no parts) too.
+TEST(CudaLayer, SharedSlicesInKParts) {
+  WNA16_REQUIRE_GPU();
+  MoeLayerSpec s = spec_of("shared-k-parts", 4096, 128, 64, 6);
+  s.shared_kind = SharedExpertKind::Plain;
+  s.shared_inter = 256;
+  check_layer(s, scheme_of(Format::GptqV1, 4, 128, true), DType::BF16, {1, 17});
+  check_layer(s, scheme_of(Format::Awq, 4, 64, false), DType::F16, {1, 2});
+}
+
 TEST(CudaLayer, DeepSeekV2AndQwenShapes) {
   WNA16_REQUIRE_GPU();
   MoeLayerSpec v2 = spec_of("dsv2-lite-like", 256, 128, 64, 6);

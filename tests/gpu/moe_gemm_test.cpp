@@ -97,6 +97,9 @@ struct GemmCase {
   // Decode GEMM1: S shared slices (kernel experts 0..S-1, every token's last S choices) run ahead
   // of the wait for the align step (GemmRun::pre_wait_slices), which runs on the GPU right before.
   int pre_wait = 0;
+  // With pre_wait: the shared-slice items in K parts on several blocks (GemmRun::pre_scratch /
+  // pre_count, zeroed first); the case checks that parts ran (their sums are left in the scratch).
+  bool pre_parts = false;
 };
 
 std::string describe(const GemmCase& c) {
@@ -104,7 +107,7 @@ std::string describe(const GemmCase& c) {
          (c.zeros ? " asym" : " sym") + " config " + gemm_config_name(c.config) + " M=" + std::to_string(c.M) +
          " kw=" + std::to_string(c.decode_kw) + " splits=" + std::to_string(c.splits) + (c.tiles4 ? " 4-tile" : "") +
          (c.kperm ? " k-permuted" : "") + (c.x_extent ? " x-extent" : "") + (c.handoff ? " handoff" : "") +
-         (c.pre_wait ? " pre-wait S=" + std::to_string(c.pre_wait) : "");
+         (c.pre_wait ? " pre-wait S=" + std::to_string(c.pre_wait) : "") + (c.pre_parts ? " K parts" : "");
 }
 
 // Routes M tokens to `topk` distinct experts among the first E-2 (the last two get nothing).
@@ -257,11 +260,42 @@ void run_gemm_case(const GemmCase& c) {
                  static_cast<int32_t*>(d_eids.p), static_cast<int32_t*>(d_ntpp.p), st);
     r.overlap_previous = r.wait_first = true;
     r.pre_wait_slices = S;
+    const int64_t scr_n = pre_scratch_floats(M, S, g1.pg.NT), cnt_n = pre_count_ints(M, S, g1.pg.NT);
+    DeviceArray d_pre_scr(size_t(scr_n) * 4), d_pre_cnt(size_t(cnt_n) * 4);
+    if (c.pre_parts) {
+      CUDA_OK(cudaMemset(d_pre_scr.p, 0, size_t(scr_n) * 4));
+      CUDA_OK(cudaMemset(d_pre_cnt.p, 0, size_t(cnt_n) * 4));
+      CUDA_OK(cudaDeviceSynchronize());
+      r.pre_scratch = static_cast<float*>(d_pre_scr.p);
+      r.pre_count = static_cast<int32_t*>(d_pre_cnt.p);
+    }
     launch_moe_gemm(dev(g1, d_q1, d_s1, d_z1), r, st);
     CUDA_OK(cudaStreamSynchronize(st));
     CUDA_OK(cudaStreamDestroy(st));
     r.overlap_previous = r.wait_first = false;
     r.pre_wait_slices = 0;
+    r.pre_scratch = nullptr;
+    r.pre_count = nullptr;
+    if (c.pre_parts && c.bits == 8) {
+      // int8 has no parts variant: the launcher leaves the scratch alone.
+      const std::vector<int32_t> cnt = d_pre_cnt.get<int32_t>(size_t(cnt_n));
+      EXPECT_TRUE(std::all_of(cnt.begin(), cnt.end(), [](int32_t v) { return v == 0; })) << "int8 ran parts";
+    } else if (c.pre_parts) {
+      // Every unit of every shared m-block counted the same number of parts (> 1), and the parts'
+      // sums are in the scratch.
+      const std::vector<int32_t> cnt = d_pre_cnt.get<int32_t>(size_t(cnt_n));
+      const std::vector<float> scr = d_pre_scr.get<float>(size_t(scr_n));
+      int32_t parts = 0;
+      for (int32_t v : cnt) parts = std::max(parts, v);
+      EXPECT_GT(parts, 1) << "the shared-slice items ran in one part";
+      int64_t units_counted = 0;
+      for (int32_t v : cnt) {
+        ASSERT_TRUE(v == 0 || v == parts) << "a unit counted " << v << " of " << parts << " parts";
+        units_counted += v == parts;
+      }
+      EXPECT_GT(units_counted, 0);
+      EXPECT_TRUE(std::any_of(scr.begin(), scr.end(), [](float v) { return v != 0.f; })) << "no partial sums";
+    }
     ASSERT_EQ(d_sorted.get<int32_t>(al.sorted_token_ids.size()), al.sorted_token_ids) << "GPU align";
   } else {
     launch_moe_gemm(dev(g1, d_q1, d_s1, d_z1), r, nullptr);
@@ -689,6 +723,22 @@ TEST(MoeGemm, DecodeRunsSharedSlicesAheadOfTheWait) {
   c8.pre_wait = 1;
   c8.handoff = true;
   run_gemm_case(c8);
+  // The shared-slice items in K parts (GemmRun::pre_scratch): static groups of 1 and 2 chunks,
+  // one and two tile pairs per warp, K over 1 or 2 warps; int8 (no parts variant) ignores them.
+  for (int64_t M : {1, 3, 17})
+    for (bool tiles4 : {false, true}) {
+      GemmCase c{4, M == 3 ? DType::F16 : DType::BF16, M == 17 ? 128 : 64, M == 3, 0, M, M == 3 ? 2 : 1, 0};
+      c.tiles4 = tiles4;
+      c.handoff = true;
+      c.pre_wait = M == 17 ? 2 : 1;
+      c.pre_parts = true;
+      run_gemm_case(c);
+    }
+  GemmCase c8p{8, DType::BF16, 64, false, 0, 3, 1, 0};
+  c8p.pre_wait = 1;
+  c8p.handoff = true;
+  c8p.pre_parts = true;
+  run_gemm_case(c8p);
 }
 
 // Where the layer turns the handoff on (mb_handoff_pays): GEMM1's expected decode work items
@@ -724,6 +774,28 @@ TEST(MoeGemm, HandoffWhereGemm1FillsTheGpu) {
   DeviceGemm act_order = ds;
   act_order.perm = dummy;
   EXPECT_FALSE(mb_handoff_pays(act_order, run(1, 9, 0)));
+}
+
+// Where the layer runs GEMM1's shared-slice items in K parts (shared_slice_parts_pay): one token,
+// int4 with groups of 64-256, K * bits >= 16384. DeepSeek-V3 (K=7168) yes; Qwen1.5-MoE (K=2048)
+// no; never at 4 tokens, int8, groups of 32 or per channel, or act-order. Host only.
+TEST(MoeGemm, SharedSlicePartsWhereItemsAreLong) {
+  int dummy[8] = {};
+  auto shape = [&](int bits, int64_t K, int64_t group) {
+    DeviceGemm d = tiny_host_gemm(dummy);
+    d.bits = bits, d.E = 9, d.K = K, d.N = 4096, d.NT = 256, d.group_len = group, d.G = K / group;
+    return d;
+  };
+  EXPECT_TRUE(shared_slice_parts_pay(shape(4, 7168, 128), 1));
+  EXPECT_TRUE(shared_slice_parts_pay(shape(4, 4096, 64), 1));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(4, 7168, 128), 4));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(4, 2048, 128), 1));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(8, 7168, 128), 1));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(4, 7168, 32), 1));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(4, 7168, 7168), 1));
+  DeviceGemm act_order = shape(4, 7168, 128);
+  act_order.perm = dummy;
+  EXPECT_FALSE(shared_slice_parts_pay(act_order, 1));
 }
 
 TEST(MoeGemm, RefusesBadShapes) {

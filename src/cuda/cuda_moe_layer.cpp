@@ -538,9 +538,12 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   // the routing kernel may start only once the router has completed. (It also keeps their weight
   // stream off the router's: a variant where the parts needed no zero-fill and GEMM1 started with
   // the routing kernel measured 1.5-2 us slower at DeepSeek-V3 M=1, docs/perf.md session 9.)
+  // A/B switch WNA16_ROUTE_RELEASE_LATE=1: the late release for every call (an experiment: does
+  // keeping GEMM1's early weight stream off the router's pay without the parts?).
+  static const bool always_late = std::getenv("WNA16_ROUTE_RELEASE_LATE") != nullptr;
   const bool pre_parts = L.has_pre_parts() && !pre_parts_off() && !g1.perm && !g1.perm_up;
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
-                             ids2, w2, st, align, pre_parts);
+                             ids2, w2, st, align, pre_parts || always_late);
   stage_done("routing", st);
   if (diag_skip(3) || align.sorted) return;
   launch_align(ids2, M * k2, E2, block_m, reinterpret_cast<int32_t*>(ws + L.sorted),

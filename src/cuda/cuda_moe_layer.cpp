@@ -538,12 +538,19 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   // the routing kernel may start only once the router has completed. (It also keeps their weight
   // stream off the router's: a variant where the parts needed no zero-fill and GEMM1 started with
   // the routing kernel measured 1.5-2 us slower at DeepSeek-V3 M=1, docs/perf.md session 9.)
-  // A/B switch WNA16_ROUTE_RELEASE_LATE=1: the late release for every call (an experiment: does
-  // keeping GEMM1's early weight stream off the router's pay without the parts?).
+  // Without the parts the late release pays too, except for one token on a wide layer (K * bits
+  // >= 16384), where GEMM1's launch overlapping the routing kernel is worth more: measured
+  // (docs/perf.md, session 9 item 5) Qwen1.5-MoE, DeepSeek-V2-Lite, Qwen3-30B-A3B at M=4 / 16
+  // -2 to -7%, Qwen1.5 / Qwen3 at M=1 -4 to -5%, Mixtral M=1 +2.3%. A/B switches:
+  // WNA16_ROUTE_RELEASE_LATE=1 (late for every call), WNA16_ROUTE_RELEASE_EARLY=1 (early unless
+  // the parts need it).
   static const bool always_late = std::getenv("WNA16_ROUTE_RELEASE_LATE") != nullptr;
+  static const bool early = std::getenv("WNA16_ROUTE_RELEASE_EARLY") != nullptr;
   const bool pre_parts = L.has_pre_parts() && !pre_parts_off() && !g1.perm && !g1.perm_up;
+  const bool wide_one_token = M == 1 && g1.K * g1.bits >= 16384;
+  const bool late = pre_parts || always_late || (!early && !wide_one_token);
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
-                             ids2, w2, st, align, pre_parts || always_late);
+                             ids2, w2, st, align, late);
   stage_done("routing", st);
   if (diag_skip(3) || align.sorted) return;
   launch_align(ids2, M * k2, E2, block_m, reinterpret_cast<int32_t*>(ws + L.sorted),

@@ -35,7 +35,8 @@ struct RoutingAlignOut {
 // launch_align(ids2, top_k + S, num_experts + S, block_m, ...) would, so the layer's one-token chain
 // has no align launch. max_padded / max_blocks: the tables' sizes (at least the align contract's).
 // release_late: the kernels after it may start only once the kernel before it has completed
-// (default: at its start), for a dependent that uses what that kernel zeroed before its own wait.
+// (default: at its start), for a dependent that uses what that kernel zeroed before its own wait,
+// or whose early start would slow that kernel down (the layer's choice, cuda_moe_layer.cpp).
 void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, int64_t M, const float* bias,
                                 const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream,
                                 const RoutingAlignOut& align = {}, bool release_late = false);

@@ -112,10 +112,11 @@ struct Workspace {
 // Tokens up to which the layout may hold GEMM1's shared-slice parts' scratch (GemmRun::pre_scratch;
 // shared_slice_parts_pay decides).
 constexpr int64_t kPreScratchMaxM = 1;
-// A/B switch WNA16_NO_PRE_PARTS=1: no shared-slice parts (and the routing kernel's usual early release).
-static bool pre_parts_off() {
+// Whether this call runs GEMM1's shared-slice parts: its layout holds their scratch (only where
+// shared_slice_parts_pay). A/B switch WNA16_NO_PRE_PARTS=1: no parts.
+static bool uses_pre_parts(const Workspace& L) {
   static const bool off = std::getenv("WNA16_NO_PRE_PARTS") != nullptr;
-  return off;
+  return L.has_pre_parts() && !off;
 }
 
 struct CudaMoeLayer::Impl {
@@ -546,8 +547,8 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   // the parts need it).
   static const bool always_late = std::getenv("WNA16_ROUTE_RELEASE_LATE") != nullptr;
   static const bool early = std::getenv("WNA16_ROUTE_RELEASE_EARLY") != nullptr;
-  const bool pre_parts = L.has_pre_parts() && !pre_parts_off() && !g1.perm && !g1.perm_up;
-  const bool wide_one_token = M == 1 && g1.K * g1.bits >= 16384;
+  const bool pre_parts = uses_pre_parts(L);
+  const bool wide_one_token = M == 1 && decode_items_long(g1);
   const bool late = pre_parts || always_late || (!early && !wide_one_token);
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
                              ids2, w2, st, align, late);
@@ -613,7 +614,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
   if (!no_pre_wait && r.wait_first && config == 0 && !d.g1.perm && !d.g1.perm_up) {
     r.pre_wait_slices = d.S;
-    if (L.has_pre_parts() && !pre_parts_off()) {
+    if (uses_pre_parts(L)) {
       r.pre_scratch = reinterpret_cast<float*>(ws + L.pre_scratch);
       r.pre_count = reinterpret_cast<int32_t*>(ws + L.pre_count);
     }

@@ -208,10 +208,12 @@ int resident_blocks(int bits, int config, DType act);
 // handoff, which fills at least one round where it can) fill at least 9/10 of the resident blocks,
 // so GEMM2 can use slots GEMM1 leaves idle before it ends (measured, docs/perf.md).
 bool mb_handoff_pays(const DeviceGemm& g1, const GemmRun& r1);
+// Whether a decode work item of g (64 weight columns over all of K) carries at least 128 KiB of
+// weights (K * bits >= 16384): long enough to outlast the one-token routing chain.
+bool decode_items_long(const DeviceGemm& g);
 // Whether GEMM1 (g1) at `tokens` tokens should run its shared slices' items in K parts
-// (GemmRun::pre_scratch): one token, int4 with groups of 64, 128 or 256 (the kernel's variants),
-// and items long enough to outlast the routing chain (K * bits >= 16384: an item of 64 weight
-// columns carries >= 128 KiB). Measured (docs/perf.md, session 9): DeepSeek-V3 (K=7168) gains;
+// (GemmRun::pre_scratch): one token, int4 with groups of 64, 128 or 256 (the kernel's static-group
+// variants), no act-order, and decode_items_long. Measured (docs/perf.md, session 9): DeepSeek-V3 (K=7168) gains;
 // Qwen1.5-MoE and DeepSeek-V2-Lite (K=2048), and DeepSeek-V3 at 4 tokens, lose.
 bool shared_slice_parts_pay(const DeviceGemm& g1, int64_t tokens);
 // Expected m-blocks of bm tokens when M tokens each pick topk distinct experts of E uniformly:

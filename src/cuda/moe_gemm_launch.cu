@@ -293,9 +293,12 @@ DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc
 }
 }  // namespace
 
+bool decode_items_long(const DeviceGemm& g) { return g.K * g.bits >= 16384; }
+
 bool shared_slice_parts_pay(const DeviceGemm& g1, int64_t tokens) {
-  const bool static_group = g1.group_len == 64 || g1.group_len == 128 || g1.group_len == 256;
-  return tokens == 1 && g1.bits == 4 && static_group && !g1.perm && !g1.perm_up && g1.K * g1.bits >= 16384;
+  const bool static_group =
+      g1.group_len % PackedGemm::kChunkK == 0 && gemm::decode_static_cpg<4>(int(g1.group_len / PackedGemm::kChunkK));
+  return tokens == 1 && g1.bits == 4 && static_group && !g1.perm && !g1.perm_up && decode_items_long(g1);
 }
 
 bool mb_handoff_pays(const DeviceGemm& g1, const GemmRun& r1) {
@@ -504,7 +507,6 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
         plan_decode(w, r, kp.splits, kp.kc_per_split, r.epilogue == GemmEpilogue::SiluMul && r.mb_done != nullptr);
     kp.decode_ppw = plan.ppw;
     kp.decode_kw = plan.kw;
-    kp.pre_kc = kp.kc_per_split;
     // The shared slices' items in K parts (GemmRun::pre_scratch): as many parts as keep all of
     // them in one round of the resident blocks (at most one per block: the kernel's release
     // bookkeeping), each part at least one group per warp.

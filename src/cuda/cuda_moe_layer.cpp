@@ -539,17 +539,21 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   // the routing kernel may start only once the router has completed. (It also keeps their weight
   // stream off the router's: a variant where the parts needed no zero-fill and GEMM1 started with
   // the routing kernel measured 1.5-2 us slower at DeepSeek-V3 M=1, docs/perf.md session 9.)
-  // Without the parts the late release pays too, except for one token on a wide layer (K * bits
-  // >= 16384), where GEMM1's launch overlapping the routing kernel is worth more: measured
-  // (docs/perf.md, session 9 item 5) Qwen1.5-MoE, DeepSeek-V2-Lite, Qwen3-30B-A3B at M=4 / 16
-  // -2 to -7%, Qwen1.5 / Qwen3 at M=1 -4 to -5%, Mixtral M=1 +2.3%. A/B switches:
-  // WNA16_ROUTE_RELEASE_LATE=1 (late for every call), WNA16_ROUTE_RELEASE_EARLY=1 (early unless
-  // the parts need it).
+  // Without the parts the late release pays too up to 16 tokens, except for one token on a wide
+  // layer (K * bits >= 16384), where GEMM1's launch overlapping the routing kernel is worth more:
+  // measured (docs/perf.md, session 9 item 5) Qwen1.5-MoE, DeepSeek-V2-Lite, Qwen3-30B-A3B at
+  // M=4 / 16 -2 to -7%, Qwen1.5 / Qwen3 at M=1 -4 to -5%, Mixtral M=1 +2.3%. Above 16 tokens it
+  // was never measured against the early release, and the full runs before and after it became
+  // the default there (docs/perf.md, session 10 item 5) read DeepSeek-V3 M=64 / 256, Mixtral M=64
+  // and Qwen1.5-MoE M=64 7-13% slower with it, the per-expert loop baseline unchanged: early again
+  // above 16 tokens. A/B switches: WNA16_ROUTE_RELEASE_LATE=1 (late for every call),
+  // WNA16_ROUTE_RELEASE_EARLY=1 (early unless the parts need it).
+  constexpr int64_t kLateReleaseMaxM = 16;
   static const bool always_late = std::getenv("WNA16_ROUTE_RELEASE_LATE") != nullptr;
   static const bool early = std::getenv("WNA16_ROUTE_RELEASE_EARLY") != nullptr;
   const bool pre_parts = uses_pre_parts(L);
   const bool wide_one_token = M == 1 && decode_items_long(g1);
-  const bool late = pre_parts || always_late || (!early && !wide_one_token);
+  const bool late = pre_parts || always_late || (!early && !wide_one_token && M <= kLateReleaseMaxM);
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
                              ids2, w2, st, align, late);
   stage_done("routing", st);

@@ -630,12 +630,12 @@ void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   const int64_t resident = int64_t(prepare_decode<T, BITS>()) * device_info().sms;
   const int64_t units = kp.NT / (2 * ppw), units_per_block = kDecodeWarps / kp.decode_kw;
   const int64_t nbc = (units + units_per_block - 1) / units_per_block;
-  // The shared slices' items count once per K part (KParams::pre_parts).
-  const int64_t pre_base = int64_t(kp.pre_slices) * ((kp.num_slots / kp.topk + kDecodeBM - 1) / kDecodeBM) * nbc;
-  if (kp.pre_base != pre_base * kp.splits || kp.pre_total != kp.pre_base * kp.pre_parts)
+  // The shared slices' items count once per K part: launch_moe_gemm set pre_base (whole K) and
+  // pre_total (in parts); the extra parts are the difference, for any number of splits.
+  if (kp.pre_total < kp.pre_base || kp.pre_base < 0)
     throw Error("decode kernel: shared-slice items " + std::to_string(kp.pre_base) + " / parts " +
-                std::to_string(kp.pre_total) + " do not match the launch shape (" + std::to_string(pre_base) + ")");
-  const int64_t items = upper_mblocks * nbc * kp.splits + (kp.pre_parts - 1) * pre_base;
+                std::to_string(kp.pre_total) + ": the parts cannot be fewer than the items");
+  const int64_t items = upper_mblocks * nbc * kp.splits + (int64_t(kp.pre_total) - kp.pre_base);
   const int64_t grid = std::max<int64_t>(1, std::min(items, resident));
   if (kp.pre_parts > 1 && (grid < kp.pre_total || !kp.pre_scratch || !kp.pre_count))
     throw Error("decode kernel: " + std::to_string(kp.pre_total) + " shared-slice parts for a grid of " +

@@ -126,6 +126,7 @@ struct CudaMoeLayer::Impl {
   bool gated = false;
   int bits = 4;
   DevBuf qw1, sc1, zr1, perm1, permup1, qw2, sc2, zr2, router, bias;
+  DType router_dtype = DType::F32;  // F32 or BF16 (build)
   DeviceGemm g1, g2;
   size_t weight_bytes = 0;
 
@@ -463,10 +464,21 @@ void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) 
     perm1.upload(h_perm);
     if (any_dual) permup1.upload(h_perm_up);
   }
-  // Router (+ the shared-expert gate as one more row), fp32.
+  // Router (+ the shared-expert gate as one more row): in bf16 when every value is exact in bf16
+  // (real checkpoints store the router in bf16), which reads half the bytes for the same logits;
+  // else fp32. A/B switch: WNA16_ROUTER_F32=1 (always fp32).
   std::vector<float> r(w.router);
   if (gated) r.insert(r.end(), w.shared_gate.begin(), w.shared_gate.end());
-  router.upload(r);
+  static const bool router_f32 = std::getenv("WNA16_ROUTER_F32") != nullptr;
+  const bool exact_bf16 = std::all_of(r.begin(), r.end(), [](float v) { return (float_to_bits(v) & 0xffffu) == 0; });
+  if (exact_bf16 && !router_f32) {
+    std::vector<uint16_t> rb(r.size());
+    std::transform(r.begin(), r.end(), rb.begin(), [](float v) { return uint16_t(float_to_bits(v) >> 16); });
+    router.upload(rb);
+    router_dtype = DType::BF16;
+  } else {
+    router.upload(r);
+  }
   if (s.routing.method == RoutingMethod::NoauxTc) bias.upload(w.correction_bias);
 
   auto fill = [&](DeviceGemm& d, const PackedGemm& shp, const DevBuf& q, const DevBuf& sc, const DevBuf& zr) {
@@ -516,7 +528,7 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   auto* logits = reinterpret_cast<float*>(ws + L.logits);
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
   const int64_t zero_n = (L.zero_end - L.acc) / 4;  // acc, handoff, the shared-slice parts' scratch
-  launch_router_logits(x, act, M, H, static_cast<const float*>(router.p), E, gated ? E + 1 : E, logits, gate,
+  launch_router_logits(x, act, M, H, router.p, router_dtype, E, gated ? E + 1 : E, logits, gate,
                        reinterpret_cast<float*>(ws + L.acc), zero_n, st);
   stage_done("router logits", st);
   if (diag_skip(2)) return;

@@ -516,7 +516,17 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     if (kp.pre_slices > 0 && r.pre_scratch && r.pre_count && w.bits == 4 && kp.static_groups) {
       const int64_t group = kp.chunks_per_group;
       const int64_t max_parts = std::min<int64_t>(8, kp.KC / (plan.kw * group));
-      const int64_t parts = std::min<int64_t>(plan.resident / pre_base, max_parts);
+      // A/B switch WNA16_PRE_PARTS=N (1..8): at most N parts (fewer warps stream the shared
+      // slices while the routing chain runs, at more chunks each).
+      static const int64_t parts_pin = [] {
+        const char* v = std::getenv("WNA16_PRE_PARTS");
+        if (!v || !*v) return int64_t(8);
+        char* end = nullptr;
+        const long n = std::strtol(v, &end, 10);
+        if (*end != '\0' || n < 1 || n > 8) throw Error(std::string("WNA16_PRE_PARTS=") + v + " is not 1..8");
+        return int64_t(n);
+      }();
+      const int64_t parts = std::min<int64_t>({plan.resident / pre_base, max_parts, parts_pin});
       if (parts > 1) {
         const int64_t kc = (kp.KC + parts - 1) / parts;
         kp.pre_kc = int((kc + group - 1) / group * group);

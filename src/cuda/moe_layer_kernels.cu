@@ -37,6 +37,20 @@ __device__ __forceinline__ void zero_fill(float4* p, int64_t n4) {
   for (int64_t i = id; i < n4; i += nthreads) p[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
+// Four router weights at p (a multiple of 4 elements in): fp32 in one 16-byte load; bf16 (a router
+// whose every value is exact in bf16, as real checkpoints store it) in one 8-byte load, half the
+// bytes for the same fp32 values.
+template <class R>
+__device__ __forceinline__ float4 load_router4(const R* p) {
+  if constexpr (std::is_same_v<R, float>) {
+    return __ldg(reinterpret_cast<const float4*>(p));
+  } else {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+  }
+}
+
 // ---- router, few tokens: every weight row is read once, the H axis spread over a whole block ----
 // One router row per block (DeepSeek-V3: 256 blocks, ~2 per SM, the 7.3 MB read spread over the
 // whole GPU). Each thread issues all its row loads of a batch (kSmallBatch float4, 32 KB of row
@@ -71,9 +85,9 @@ __device__ __forceinline__ void load_x4(const T* p, float (&f)[4]) {
   }
 }
 
-template <class T, bool kVecX>
+template <class T, class R, bool kVecX>
 __global__ void __launch_bounds__(kSmallThreads)
-    router_small_kernel(const T* __restrict__ x, int M, int H, const float* __restrict__ router, int E, int E_ext,
+    router_small_kernel(const T* __restrict__ x, int M, int H, const R* __restrict__ router, int E, int E_ext,
                         float* __restrict__ logits, float* __restrict__ gate_logit, float4* __restrict__ zero,
                         int64_t zero_n4) {
   // The routing kernel (launched with programmatic dependent launch) may get resident now; it
@@ -81,14 +95,14 @@ __global__ void __launch_bounds__(kSmallThreads)
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int e = blockIdx.x, m0 = blockIdx.y * kSmallM;
   const int mt = min(kSmallM, M - m0);
-  const float* row = router + int64_t(e) * H;
+  const R* row = router + int64_t(e) * H;
   float acc[kSmallM] = {};
   for (int h0 = 0; h0 < H; h0 += kSmallThreads * 4 * kSmallBatch) {
     float4 r[kSmallBatch];
 #pragma unroll
     for (int b = 0; b < kSmallBatch; ++b) {
       const int h = h0 + (b * kSmallThreads + int(threadIdx.x)) * 4;
-      r[b] = h < H ? __ldg(reinterpret_cast<const float4*>(row + h)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      r[b] = h < H ? load_router4(row + h) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int m = 0; m < kSmallM; ++m) {
@@ -190,9 +204,9 @@ __device__ __forceinline__ void reduce_scatter16(float (&v)[16], int lane) {
   v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
 }
 
-template <class T, int RW>
+template <class T, class R, int RW>
 __global__ void __launch_bounds__(kSplitThreads, 1)
-    router_split_kernel(const T* __restrict__ x, int M, int H, const float* __restrict__ router, int E, int E_ext,
+    router_split_kernel(const T* __restrict__ x, int M, int H, const R* __restrict__ router, int E, int E_ext,
                         int Hs, int WR, float* __restrict__ logits, float* __restrict__ gate_logit,
                         float4* __restrict__ zero, int64_t zero_n4) {
   // The routing kernel (launched with programmatic dependent launch) may get resident now; it
@@ -203,10 +217,10 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
   const cg::cluster_group cluster = cg::this_cluster();
   const int C = static_cast<int>(cluster.num_blocks());
   const int c = static_cast<int>(cluster.block_rank());
-  const int R = WR * RW, WH = kSplitWarps / WR;
+  const int RN = WR * RW, WH = kSplitWarps / WR;  // router rows per CTA
   unsigned short* xs = reinterpret_cast<unsigned short*>(smem);                  // [M][Hs]
-  float* part = reinterpret_cast<float*>(smem + size_t(M) * Hs * 2);             // [WH][M][R]
-  float* red = part + size_t(WH) * M * R;                                        // [M][R]
+  float* part = reinterpret_cast<float*>(smem + size_t(M) * Hs * 2);             // [WH][M][RN]
+  float* red = part + size_t(WH) * M * RN;                                       // [M][RN]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wr = warp % WR, wh = warp / WR;
   const int h0 = c * Hs;
@@ -215,7 +229,7 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
   const int hs0 = wh * sub;                 // this warp's part of the slice
   const int subn = max(0, min(sub, hn - hs0));
   const int ng = subn / 4, nq = (ng + 31) / 32;
-  const int row0 = blockIdx.y * R + wr;
+  const int row0 = blockIdx.y * RN + wr;
 
   // 1. Router rows into registers: every load of the thread issued before the first use. Invalid
   //    granules load a clamped (valid) address and are zeroed, so there is no branch between loads.
@@ -228,7 +242,7 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
     for (int q = 0; q < kSplitG; ++q) {
       const int g = q * 32 + lane;
       const bool ok = row < E_ext && g < ng;
-      const float4 v = __ldg(reinterpret_cast<const float4*>(router + (ok ? base + 4 * g : 0)));
+      const float4 v = load_router4(router + (ok ? base + 4 * g : 0));
       rr[i][q] = ok ? v : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
@@ -275,24 +289,24 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
     reduce_scatter16(acc, lane);
     const int vi = (lane >> 1) & 15;
     const int i = vi / MC, mm = vi % MC;
-    if ((lane & 1) == 0 && m0 + mm < M) part[(size_t(wh) * M + m0 + mm) * R + wr + WR * i] = acc[0];
+    if ((lane & 1) == 0 && m0 + mm < M) part[(size_t(wh) * M + m0 + mm) * RN + wr + WR * i] = acc[0];
   }
   __syncthreads();
   // 4. The CTA's sum over its warp parts, then the cluster's over the slices (rank order).
-  for (int i = tid; i < M * R; i += kSplitThreads) {
+  for (int i = tid; i < M * RN; i += kSplitThreads) {
     float v = 0.f;
-    for (int w = 0; w < WH; ++w) v += part[size_t(w) * M * R + i];
+    for (int w = 0; w < WH; ++w) v += part[size_t(w) * M * RN + i];
     red[i] = v;
   }
   cluster.sync();
-  for (int i = c * kSplitThreads + tid; i < M * R; i += C * kSplitThreads) {
+  for (int i = c * kSplitThreads + tid; i < M * RN; i += C * kSplitThreads) {
     float v[kSplitCluster];
 #pragma unroll
     for (int r = 0; r < kSplitCluster; ++r) v[r] = r < C ? *cluster.map_shared_rank(red + i, r) : 0.f;
     float s = 0.f;
 #pragma unroll
     for (int r = 0; r < kSplitCluster; ++r) s += v[r];
-    const int m = i / R, row = blockIdx.y * R + i % R;
+    const int m = i / RN, row = blockIdx.y * RN + i % RN;
     if (row < E) logits[int64_t(m) * E + row] = s;
     else if (row < E_ext) gate_logit[m] = s;
   }
@@ -306,9 +320,9 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
 // shared memory and are added in cluster-rank order, so the logits are deterministic.
 constexpr int kTileK = 32, kTileThreads = 256, kTileMaxSplit = 8;
 
-template <class T, int TE>
+template <class T, class R, int TE>
 __global__ void __launch_bounds__(kTileThreads)
-    router_tiled_kernel(const T* __restrict__ x, int M, int H, const float* __restrict__ router, int E, int E_ext,
+    router_tiled_kernel(const T* __restrict__ x, int M, int H, const R* __restrict__ router, int E, int E_ext,
                         int k_per_split, float* __restrict__ logits, float* __restrict__ gate_logit,
                         float4* __restrict__ zero, int64_t zero_n4) {
   constexpr int TM = 64 * 64 / TE;
@@ -344,7 +358,7 @@ __global__ void __launch_bounds__(kTileThreads)
       const int row = i / (kTileK / 4), kq = (i % (kTileK / 4)) * 4;
       float4 rv = make_float4(0.f, 0.f, 0.f, 0.f);
       if (e0 + row < E_ext && k0 + kq < k_end)
-        rv = __ldg(reinterpret_cast<const float4*>(router + int64_t(e0 + row) * H + k0 + kq));
+        rv = load_router4(router + int64_t(e0 + row) * H + k0 + kq);
       rs[kq + 0][row] = rv.x;
       rs[kq + 1][row] = rv.y;
       rs[kq + 2][row] = rv.z;
@@ -476,11 +490,11 @@ SplitPlan plan_split(int64_t M, int64_t H, int E_ext) {
   return p;
 }
 
-// cudaFuncAttributeMaxDynamicSharedMemorySize for split-router instantiation `slot` (6 of them),
+// cudaFuncAttributeMaxDynamicSharedMemorySize for split-router instantiation `slot` (12 of them),
 // once per device. NOTE: may run inside a stream capture: not stream work, so relaxed mode.
 void allow_split_smem(const void* fn, int slot) {
   constexpr int kMaxDevices = 64;
-  static std::array<std::array<std::atomic<bool>, 6>, kMaxDevices> done{};
+  static std::array<std::array<std::atomic<bool>, 12>, kMaxDevices> done{};
   int dev = 0;
   WNA16_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev < 0 || dev >= kMaxDevices) throw Error("router: device ordinal " + std::to_string(dev) + " is too large");
@@ -521,17 +535,18 @@ __device__ __forceinline__ void split_bf16(float v, float& p0, float& p1, float&
   p2 = r1 - p1;  // exact, and exactly a bf16 for fp32 v (8 bits left)
 }
 
-template <class T>
+template <class T, class R>
 __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __restrict__ x, int M, int H,
-                                                                 const float* __restrict__ router, int E, int E_ext,
+                                                                 const R* __restrict__ router, int E, int E_ext,
                                                                  float* __restrict__ logits, float* __restrict__ gate_logit,
                                                                  float4* __restrict__ zero, int64_t zero_n4) {
   constexpr bool kF16 = std::is_same_v<T, __half>;
-  constexpr int XP = kF16 ? 2 : 1;  // pieces of x
+  constexpr int XP = kF16 ? 2 : 1;                       // pieces of x
+  constexpr int RP = std::is_same_v<R, float> ? 3 : 1;  // pieces of the router (a bf16 router is one)
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // see router_small_kernel
   zero_fill(zero, zero_n4);
   __shared__ __align__(16) __nv_bfloat16 xs[XP][kMmaTM][kMmaPitch];
-  __shared__ __align__(16) __nv_bfloat16 rs[3][kMmaTE][kMmaPitch];
+  __shared__ __align__(16) __nv_bfloat16 rs[RP][kMmaTE][kMmaPitch];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m0 = blockIdx.y * kMmaTM, e0 = blockIdx.x * kMmaTE;
@@ -539,7 +554,7 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
   const int lr = tid >> 1, lk = 16 * (tid & 1);
   const bool x_ok = m0 + lr < M, r_ok = e0 + lr < E_ext;
   const T* xrow = x + int64_t(x_ok ? m0 + lr : 0) * H + lk;
-  const float* rrow = router + int64_t(r_ok ? e0 + lr : 0) * H + lk;
+  const R* rrow = router + int64_t(r_ok ? e0 + lr : 0) * H + lk;
   uint4 xv[2];
   float4 rv[4];
   auto load = [&](int k0) {  // the k-tile at k0 into registers (zeros past M, E_ext, H)
@@ -549,7 +564,7 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
       xv[i] = x_ok && kx ? __ldg(reinterpret_cast<const uint4*>(xrow + k0) + i) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-      rv[i] = r_ok && kx ? __ldg(reinterpret_cast<const float4*>(rrow + k0) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      rv[i] = r_ok && kx ? load_router4(rrow + k0 + 4 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
   };
   auto store = [&] {
     if constexpr (!kF16) {
@@ -584,7 +599,7 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
       q[2][i] = pack_bf16(a2, b2);
     }
 #pragma unroll
-    for (int p = 0; p < 3; ++p)
+    for (int p = 0; p < RP; ++p)
 #pragma unroll
       for (int i = 0; i < 2; ++i)
         *reinterpret_cast<uint4*>(&rs[p][lr][lk + 8 * i]) = make_uint4(q[p][4 * i], q[p][4 * i + 1], q[p][4 * i + 2], q[p][4 * i + 3]);
@@ -615,21 +630,24 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni) {
         const int c = wn + 8 * ni + g;
-        uint32_t b[3][2];
+        uint32_t b[RP][2];
 #pragma unroll
-        for (int p = 0; p < 3; ++p) {
+        for (int p = 0; p < RP; ++p) {
           b[p][0] = w32(&rs[p][c][kk + 2 * t]);
           b[p][1] = w32(&rs[p][c][kk + 2 * t + 8]);
         }
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
           // Small terms first, so the large ones are added to an accumulator that holds them.
+          // (A bf16 router has no pieces 1 and 2: their products, exact zeros, are skipped.)
           if constexpr (kF16) {
-            mma(acc[mi][ni], a[1][mi], b[1][0], b[1][1]);
+            if constexpr (RP == 3) mma(acc[mi][ni], a[1][mi], b[1][0], b[1][1]);
             mma(acc[mi][ni], a[1][mi], b[0][0], b[0][1]);
           }
-          mma(acc[mi][ni], a[0][mi], b[2][0], b[2][1]);
-          mma(acc[mi][ni], a[0][mi], b[1][0], b[1][1]);
+          if constexpr (RP == 3) {
+            mma(acc[mi][ni], a[0][mi], b[2][0], b[2][1]);
+            mma(acc[mi][ni], a[0][mi], b[1][0], b[1][1]);
+          }
           mma(acc[mi][ni], a[0][mi], b[0][0], b[0][1]);
         }
       }
@@ -651,8 +669,8 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
 
 // The tiled router: 16-expert tiles for E_ext <= 16, else 64; H split over KS <= 8 CTAs (one
 // cluster) until the tiles x KS cover the SMs, keeping >= 8 k-steps (256 h) per CTA.
-template <class T>
-void launch_router_tiled(const T* x, int64_t M, int64_t H, const float* router, int E, int E_ext, float* logits,
+template <class T, class R>
+void launch_router_tiled(const T* x, int64_t M, int64_t H, const R* router, int E, int E_ext, float* logits,
                          float* gate_logit, float* zero, int64_t zero_n, cudaStream_t s) {
   const bool narrow = E_ext <= 16;
   const int TE = narrow ? 16 : 64, TM = 64 * 64 / TE;
@@ -673,31 +691,37 @@ void launch_router_tiled(const T* x, int64_t M, int64_t H, const float* router, 
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  auto kern = narrow ? router_tiled_kernel<T, 16> : router_tiled_kernel<T, 64>;
+  auto kern = narrow ? router_tiled_kernel<T, R, 16> : router_tiled_kernel<T, R, 64>;
   WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, x, int(M), int(H), router, E, E_ext, k_per_split, logits,
                                       gate_logit, reinterpret_cast<float4*>(zero), zero_n / 4));
 }
 
 }  // namespace
 
-void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const float* router, int E, int E_ext,
-                          float* logits, float* gate_logit, float* zero, int64_t zero_n, Stream stream) {
+void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const void* router, DType router_dtype,
+                          int E, int E_ext, float* logits, float* gate_logit, float* zero, int64_t zero_n,
+                          Stream stream) {
   if (zero_n % 4 != 0) throw Error("router: zero_n=" + std::to_string(zero_n) + " is not a multiple of 4");
   if (H % 4 != 0) throw Error("router: H=" + std::to_string(H) + " is not a multiple of 4");
   if (E_ext != E && E_ext != E + 1) throw Error("router: E_ext=" + std::to_string(E_ext) + " must be E or E+1");
   if (act != DType::BF16 && act != DType::F16)
     throw Error(std::string("router: activation dtype ") + dtype_name(act) + " is not supported");
+  if (router_dtype != DType::F32 && router_dtype != DType::BF16)
+    throw Error(std::string("router: weight dtype ") + dtype_name(router_dtype) + " is not supported (f32, bf16)");
   if (M <= 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  auto run = [&](auto tag) {
+  auto run = [&](auto tag, auto rtag) {
     using T = decltype(tag);
+    using R = decltype(rtag);
     const T* xt = static_cast<const T*>(x);
+    const R* rw = static_cast<const R*>(router);
     if (M >= kSplitMinM && M <= kSplitMaxM && reinterpret_cast<uintptr_t>(x) % 8 == 0) {
       const SplitPlan pl = plan_split(M, H, E_ext);
       if (pl.ok) {
-        auto k = pl.RW == 1 ? router_split_kernel<T, 1> : pl.RW == 2 ? router_split_kernel<T, 2>
-                                                                      : router_split_kernel<T, 4>;
-        allow_split_smem(reinterpret_cast<const void*>(k), (std::is_same_v<T, __half> ? 0 : 3) + pl.RW / 2);
+        auto k = pl.RW == 1 ? router_split_kernel<T, R, 1> : pl.RW == 2 ? router_split_kernel<T, R, 2>
+                                                                         : router_split_kernel<T, R, 4>;
+        allow_split_smem(reinterpret_cast<const void*>(k),
+                         (std::is_same_v<R, float> ? 0 : 6) + (std::is_same_v<T, __half> ? 0 : 3) + pl.RW / 2);
         cudaLaunchAttribute attr[1];
         attr[0].id = cudaLaunchAttributeClusterDimension;
         attr[0].val.clusterDim.x = kSplitCluster;
@@ -710,7 +734,7 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
         cfg.stream = s;
         cfg.attrs = attr;
         cfg.numAttrs = 1;
-        WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, xt, int(M), int(H), router, E, E_ext, pl.Hs, pl.WR, logits,
+        WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, xt, int(M), int(H), rw, E, E_ext, pl.Hs, pl.WR, logits,
                                             gate_logit, reinterpret_cast<float4*>(zero), zero_n / 4));
         return;
       }
@@ -722,26 +746,27 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
     if (!no_mma && M > kSmallMaxM && E_ext >= 32 && H % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
         reinterpret_cast<uintptr_t>(router) % 16 == 0 && mma_tiles >= sm_count() && (M + kMmaTM - 1) / kMmaTM <= 65535) {
       const dim3 grid(unsigned((E_ext + kMmaTE - 1) / kMmaTE), unsigned((M + kMmaTM - 1) / kMmaTM));
-      router_mma_kernel<T><<<grid, kMmaThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits, gate_logit,
-                                                        reinterpret_cast<float4*>(zero), zero_n / 4);
+      router_mma_kernel<T, R><<<grid, kMmaThreads, 0, s>>>(xt, int(M), int(H), rw, E, E_ext, logits, gate_logit,
+                                                           reinterpret_cast<float4*>(zero), zero_n / 4);
       return;
     }
     if (M <= kSmallMaxM) {
       const dim3 grid(unsigned(E_ext), unsigned((M + kSmallM - 1) / kSmallM));
       if (reinterpret_cast<uintptr_t>(x) % 8 == 0)
-        router_small_kernel<T, true><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits,
-                                                                    gate_logit, reinterpret_cast<float4*>(zero),
-                                                                    zero_n / 4);
+        router_small_kernel<T, R, true><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), rw, E, E_ext, logits,
+                                                                       gate_logit, reinterpret_cast<float4*>(zero),
+                                                                       zero_n / 4);
       else
-        router_small_kernel<T, false><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), router, E, E_ext, logits,
-                                                                     gate_logit, reinterpret_cast<float4*>(zero),
-                                                                     zero_n / 4);
+        router_small_kernel<T, R, false><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), rw, E, E_ext, logits,
+                                                                        gate_logit, reinterpret_cast<float4*>(zero),
+                                                                        zero_n / 4);
     } else {
-      launch_router_tiled<T>(xt, M, H, router, E, E_ext, logits, gate_logit, zero, zero_n, s);
+      launch_router_tiled<T, R>(xt, M, H, rw, E, E_ext, logits, gate_logit, zero, zero_n, s);
     }
   };
-  if (act == DType::BF16) run(__nv_bfloat16{});
-  else run(__half{});
+  const bool rbf = router_dtype == DType::BF16;
+  if (act == DType::BF16) rbf ? run(__nv_bfloat16{}, __nv_bfloat16{}) : run(__nv_bfloat16{}, float{});
+  else rbf ? run(__half{}, __nv_bfloat16{}) : run(__half{}, float{});
   WNA16_CUDA_CHECK_LAUNCH();
 }
 

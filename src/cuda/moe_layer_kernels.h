@@ -12,10 +12,12 @@ using Stream = void*;
 
 // logits[m, e] = sum_h x[m, h] * router[e, h] in fp32 for e < E; when E_ext = E + 1 the extra
 // router row is the shared-expert gate and its result goes to gate_logit[m] instead.
-// x: act [M, H]; router: fp32 [E_ext, H]; H a multiple of 4. Also zeroes zero[0, zero_n) (the
-// layer's fp32 accumulator; zero_n a multiple of 4) so the layer needs no separate memset.
-void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const float* router, int E, int E_ext,
-                          float* logits, float* gate_logit, float* zero, int64_t zero_n, Stream stream);
+// x: act [M, H]; router: [E_ext, H] in fp32, or in bf16 (router_dtype), which gives the same
+// logits for the same values at half the bytes; H a multiple of 4. Also zeroes zero[0, zero_n)
+// (the layer's fp32 accumulator; zero_n a multiple of 4) so the layer needs no separate memset.
+void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const void* router, DType router_dtype,
+                          int E, int E_ext, float* logits, float* gate_logit, float* zero, int64_t zero_n,
+                          Stream stream);
 
 struct RoutingAlignOut {
   int32_t* sorted = nullptr;

@@ -892,14 +892,16 @@ TEST_F(RoutingGpu, RefusesBadArgumentsNamingTheValue) {
 // of the same rounded inputs, for every router kernel (one row per block, H split over a cluster,
 // tiled with split H; narrow and wide tiles; tensor cores at many tokens x experts); the gate row
 // (E_ext = E + 1) lands in gate_logit; the accumulator is zeroed; a second launch is bitwise equal
-// (the split sums are added in a fixed order).
+// (the split sums are added in a fixed order). bf16_values: the router's values are exact in bf16
+// (as real checkpoints store it), and the router stored in bf16 gives bitwise the logits of the same
+// values stored in fp32.
 struct RouterCase {
   int64_t M;
   int E, E_ext;
   int64_t H;
   DType act;
 };
-void expect_router_logits_match(const std::vector<RouterCase>& cases) {
+void expect_router_logits_match(const std::vector<RouterCase>& cases, bool bf16_values = false) {
   std::mt19937_64 rng(7);
   std::normal_distribution<float> nd(0.f, 1.f);
   cudaStream_t s;
@@ -916,18 +918,25 @@ void expect_router_logits_match(const std::vector<RouterCase>& cases) {
     }
     std::vector<float> r(size_t(c.E_ext * c.H));
     for (auto& v : r) v = 0.05f * nd(rng);
+    std::vector<uint16_t> rb(r.size());
+    if (bf16_values)
+      for (size_t i = 0; i < r.size(); ++i) r[i] = bf16_to_float(rb[i] = float_to_bf16(r[i]));
     const int64_t zero_n = 4 * ((c.M * 4 + 3) / 4);
-    DevBuf<uint16_t> dx{xh.size()};
+    DevBuf<uint16_t> dx{xh.size()}, drb{rb.size()};
     DevBuf<float> dr{r.size()}, logits{size_t(c.M * c.E)}, gate{size_t(c.M)}, zero{size_t(zero_n)};
     dx.upload(xh);
     dr.upload(r);
-    std::vector<float> first;
-    for (int run = 0; run < 2; ++run) {
+    drb.upload(rb);
+    std::vector<float> first, first_gate;
+    // Runs 0, 1: the fp32 router; run 2 (bf16_values): the same values stored in bf16.
+    for (int run = 0; run < (bf16_values ? 3 : 2); ++run) {
       logits.poison();
       gate.poison();
       zero.poison();
-      cuda::launch_router_logits(dx.p, c.act, c.M, c.H, dr.p, c.E, c.E_ext, logits.p, c.E_ext > c.E ? gate.p : nullptr,
-                                 zero.p, zero_n, s);
+      const bool rbf = run == 2;
+      cuda::launch_router_logits(dx.p, c.act, c.M, c.H, rbf ? static_cast<const void*>(drb.p) : dr.p,
+                                 rbf ? DType::BF16 : DType::F32, c.E, c.E_ext, logits.p,
+                                 c.E_ext > c.E ? gate.p : nullptr, zero.p, zero_n, s);
       CUDA_OK(cudaStreamSynchronize(s));
       std::vector<float> got = logits.download();
       const std::vector<float> g = gate.download(), z = zero.download();
@@ -947,8 +956,15 @@ void expect_router_logits_match(const std::vector<RouterCase>& cases) {
             ++bad;
           }
         }
-      if (run == 0) first = got;
-      else EXPECT_EQ(first_mismatch(first, got), -1) << what << ": a second launch differs";
+      if (run == 0) {
+        first = got;
+        first_gate = g;
+      } else {
+        EXPECT_EQ(first_mismatch(first, got), -1) << what << (rbf ? ": the bf16 router's logits differ" : ": a second launch differs");
+        if (c.E_ext > c.E) {
+          EXPECT_EQ(first_mismatch(first_gate, g), -1) << what << ": gate logit of run " << run << " differs";
+        }
+      }
     }
   }
   CUDA_OK(cudaStreamDestroy(s));
@@ -962,6 +978,18 @@ TEST(RouterLogitsGpu, MatchFloat64AndAreDeterministic) {
                               {256, 8, 8, 4096, DType::BF16},   {256, 256, 256, 7168, DType::F16},
                               {300, 16, 17, 1004, DType::BF16}, {517, 16, 16, 1004, DType::F16},
                               {1024, 64, 64, 2048, DType::BF16}, {40, 3, 4, 100, DType::BF16}});
+}
+
+// A router whose values are exact in bf16, stored in bf16: the same logits as stored in fp32, on
+// every router kernel (one row per block, split over a cluster, tiled narrow and wide, tensor
+// cores; f16 and bf16 x; a gate row). Small enough for the sanitizer subsets.
+TEST(RouterLogitsGpu, Bf16RouterGivesTheFp32Logits) {
+  WNA16_REQUIRE_GPU();
+  expect_router_logits_match({{1, 256, 256, 7168, DType::BF16}, {3, 60, 61, 2048, DType::F16},
+                              {8, 8, 8, 4096, DType::F16},      {16, 256, 256, 1024, DType::BF16},
+                              {40, 3, 4, 100, DType::BF16},     {65, 64, 65, 512, DType::F16},
+                              {8448, 64, 64, 256, DType::BF16}, {8448, 64, 65, 256, DType::F16}},
+                             /*bf16_values=*/true);
 }
 
 // The tensor-core router (at least one 64 x 64 tile per SM): partial tiles in M, E_ext and the

@@ -8,6 +8,7 @@
 #ifdef WNA16_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -192,6 +193,31 @@ TEST(CudaLayer, AwkwardRealWidths) {
   check_layer(spec_of("H512-I768", 512, 768, 8, 2), scheme_of(Format::GptqV1, 4, 128, true), DType::BF16, {17});
   check_layer(spec_of("K10944", 10944, 128, 4, 2), scheme_of(Format::GptqV1, 4, 64, true), DType::BF16, {3});
   check_layer(spec_of("E1", 256, 128, 1, 1), scheme_of(Format::GptqV1, 4, 128, true), DType::BF16, {1, 118});
+}
+
+// A router whose values are exact in bf16 (as real checkpoints store it, with the gate row of a
+// gated shared expert) is kept in bf16: half its bytes (weight_bytes against the same layer with one
+// value that bf16 cannot hold) and the layer still equals the reference, at decode and prefill M.
+TEST(CudaLayer, Bf16ExactRouterIsStoredInBf16) {
+  WNA16_REQUIRE_GPU();
+  if (std::getenv("WNA16_ROUTER_F32")) GTEST_SKIP() << "WNA16_ROUTER_F32 keeps every router in fp32";
+  MoeLayerSpec q = spec_of("qwen-like-bf16-router", 256, 128, 60, 4);
+  q.shared_kind = SharedExpertKind::SigmoidGated;
+  q.shared_inter = 256;
+  MoeLayerWeights w = random_layer(q, scheme_of(Format::GptqV1, 4, 128, true), 9);
+  for (auto& v : w.router) v = bf16_to_float(float_to_bf16(v));
+  for (auto& v : w.shared_gate) v = bf16_to_float(float_to_bf16(v));
+  const CudaMoeLayer layer(q, w);
+  for (int64_t M : {1, 17, 118, 1024}) {
+    EXPECT_LT(layer_error(q, w, layer, DType::BF16, M, 31 + uint64_t(M)), layer_tolerance(DType::BF16)) << "M=" << M;
+    EXPECT_LT(layer_error(q, w, layer, DType::F16, M, 41 + uint64_t(M)), layer_tolerance(DType::F16)) << "M=" << M;
+  }
+  MoeLayerWeights w32 = w;
+  w32.router[7] = std::nextafter(w32.router[7], 1.f);  // not exact in bf16: the fp32 router
+  const CudaMoeLayer layer32(q, w32);
+  const size_t rows = size_t(q.routing.num_experts + 1);
+  EXPECT_EQ(layer32.weight_bytes() - layer.weight_bytes(), rows * size_t(q.hidden) * 2);
+  EXPECT_LT(layer_error(q, w32, layer32, DType::BF16, 17, 51), layer_tolerance(DType::BF16));
 }
 
 TEST(CudaLayer, AllTokensOnOneExpert) {

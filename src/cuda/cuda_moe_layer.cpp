@@ -152,9 +152,10 @@ struct CudaMoeLayer::Impl {
     ws.ntpp = take(4);
     ws.inter = take(ws.max_padded * I * 2);
     ws.acc = take(M * H * 4);
-    // The decode GEMMs' m-block handoff (GemmRun::mb_done): max_blocks counters, then the item
-    // counter; zeroed with the accumulator by the router launch (it directly follows acc).
-    ws.handoff = take((ws.max_blocks + 1) * 4);
+    // The decode GEMMs' m-block handoff (GemmRun::mb_done): kHandoffSlots counters per m-block,
+    // then the item counter; zeroed with the accumulator by the router launch (it directly
+    // follows acc).
+    ws.handoff = take((ws.max_blocks * kHandoffSlots + 1) * 4);
     // Decode with shared slices: GEMM1's shared-slice K parts (GemmRun::pre_scratch / pre_count),
     // zeroed by the router too, where shared_slice_parts_pay says they pay.
     if (S > 0 && M <= kPreScratchMaxM && block_m == gemm_config_block_m(0) && shared_slice_parts_pay(g1, M)) {
@@ -670,7 +671,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail
   if (handoff) {
     r.mb_done_target = int(d.g1.NT / 2);
-    r.item_claim = reinterpret_cast<int32_t*>(ws + L.handoff) + L.max_blocks;
+    r.item_claim = reinterpret_cast<int32_t*>(ws + L.handoff) + L.max_blocks * kHandoffSlots;
   }
   launch_moe_gemm(d.g2, r, st);
   stage_done("GEMM2 (down)", st);

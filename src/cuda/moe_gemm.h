@@ -145,13 +145,14 @@ struct GemmRun {
   // kernel copies each chunk of an m-block's token tile as one tensor copy (rows past it: zeros).
   int64_t x_rows = 0;
   // M-block handoff between the two decode-kernel GEMMs of a layer call (config m8 without
-  // act-order, refused elsewhere): GEMM1 (SiluMul) adds, per m-block, the tile pairs whose
-  // intermediate it has stored to mb_done[mb]; GEMM2 (WeightedSum, a programmatic dependent of
-  // GEMM1) waits until mb_done[mb] reaches mb_done_target (GEMM1's NT / 2) before it reads that
-  // m-block's intermediate, instead of waiting for the whole GEMM1 grid, and takes its work items
-  // after the first (blockIdx.x) in order from the counter item_claim, so blocks that start during
-  // GEMM1's tail take more of them. mb_done (max_blocks entries) and item_claim must be zero
-  // before GEMM1 starts.
+  // act-order, refused elsewhere): GEMM1 (SiluMul) adds the tile pairs whose intermediate it has
+  // stored to mb_done[mb * kHandoffSlots + pair / handoff_pairs_per_slot(NT / 2)]; GEMM2
+  // (WeightedSum, a programmatic dependent of GEMM1; mb_done_target = GEMM1's NT / 2) waits only
+  // for the slots of the m-block that its k-chunks read, instead of waiting for the whole GEMM1
+  // grid, and takes its work items after the first (blockIdx.x) in order from the counter
+  // item_claim (ordered so that the items claimed first read the slots GEMM1 stores first), so
+  // blocks that start during GEMM1's tail take more of them. mb_done (max_blocks * kHandoffSlots
+  // entries) and item_claim must be zero before GEMM1 starts.
   int32_t* mb_done = nullptr;
   int mb_done_target = 0;
   int32_t* item_claim = nullptr;
@@ -203,6 +204,11 @@ int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t
 int decode_4tiles_default();
 // Blocks of the kernel of config (bits, act) resident on the whole device (occupancy x SMs).
 int resident_blocks(int bits, int config, DType act);
+// The m-block handoff's counters per m-block (GemmRun::mb_done), and the tile pairs each counts of
+// GEMM1's `pairs` (NT / 2): even, so that a warp's unit of two pairs never straddles two slots.
+// A/B switch WNA16_HANDOFF_SLOTS=N (1..8, default 8): N slots (1: the whole m-block at once).
+constexpr int kHandoffSlots = 8;
+int handoff_pairs_per_slot(int64_t pairs);
 // Whether the m-block handoff (GemmRun::mb_done) is expected to pay for GEMM1 run r1 of g1 (the
 // decode kernel; false for any other kernel): its work items (in the shape GEMM1 takes with the
 // handoff, which fills at least one round where it can) fill at least 9/10 of the resident blocks,

@@ -301,6 +301,21 @@ bool shared_slice_parts_pay(const DeviceGemm& g1, int64_t tokens) {
   return tokens == 1 && g1.bits == 4 && static_group && !g1.perm && !g1.perm_up && decode_items_long(g1);
 }
 
+int handoff_pairs_per_slot(int64_t pairs) {
+  static const int64_t slots = [] {
+    const char* v = std::getenv("WNA16_HANDOFF_SLOTS");
+    if (!v || !*v) return int64_t(kHandoffSlots);
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*end != '\0' || n < 1 || n > kHandoffSlots)
+      throw Error(std::string("WNA16_HANDOFF_SLOTS=") + v + " is not 1.." + std::to_string(kHandoffSlots));
+    return int64_t(n);
+  }();
+  if (pairs < 1) throw Error("handoff: pairs=" + std::to_string(pairs) + " is not positive");
+  const int64_t per = (pairs + slots - 1) / slots;
+  return int((per + 1) / 2 * 2);
+}
+
 bool mb_handoff_pays(const DeviceGemm& g1, const GemmRun& r1) {
   if (r1.config != 0 || g1.perm || g1.perm_up || r1.num_slots < 1) return false;
   // Measured (docs/perf.md, session 5): GEMM2 gains where GEMM1's items nearly fill the resident
@@ -467,7 +482,10 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.x_rows = r.epilogue == GemmEpilogue::WeightedSum ? r.x_rows : 0;  // 0: extent unknown
   kp.mb_done = r.mb_done;
   kp.mb_done_target = r.mb_done_target;
+  kp.mb_done_pps = r.mb_done ? handoff_pairs_per_slot(r.epilogue == GemmEpilogue::SiluMul ? w.NT / 2 : r.mb_done_target) : 1;
   kp.item_claim = r.epilogue == GemmEpilogue::WeightedSum ? r.item_claim : nullptr;
+  // GEMM2 with handoff slots: split-major items, so the first claims read the first slots.
+  kp.split_major = kp.item_claim && r.mb_done && kp.mb_done_pps < r.mb_done_target ? 1 : 0;
   // A/B switches for measurements (results are the same either way).
   static const bool no_defer = std::getenv("WNA16_NO_DEFER") != nullptr;
   kp.defer_ok = !no_defer && w.group_len % PackedGemm::kChunkK == 0 && !(w.bits == 8 && r.act == DType::BF16);

@@ -135,12 +135,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     __syncthreads();
     return claimed[claims++ & 1];
   };
-  auto release_mb = [&](int mb) {
+  // Unit u of m-block mb stored: its PPW tile pairs count in their handoff slot (a slot holds an
+  // even number of pairs: a unit never straddles two).
+  auto release_mb = [&](int mb, int u) {
     if (p.epilogue == 0 && p.mb_done) {
       __syncwarp();  // the warp's stores are ordered before lane 0's fence and count
       if (lane == 0) {
         __threadfence();
-        atomicAdd(p.mb_done + mb, PPW);
+        atomicAdd(p.mb_done + mb * kHandoffSlots + PPW * u / p.mb_done_pps, PPW);
       }
     }
   };
@@ -163,10 +165,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   };
   // Whether this warp adds to mb_done for its item (see the skips and the epilogue below).
   auto releases = [&](int nb) { return wk == 0 && !(PPW > 1 && NTW * (nb * units_per_block + wp) >= p.NT); };
-  // Parts > 1: the m-block whose unit each warp completed as the last part (released after the
+  // Parts > 1: the m-block and unit each warp completed as the last part (released after the
   // wait; the host keeps every block to at most one shared-slice item then), else -1. In shared
-  // memory, not a register: the loop has none to spare.
-  __shared__ int pre_done_mb[PARTS ? kDecodeWarps : 1];
+  // memory, not registers: the loop has none to spare.
+  __shared__ int pre_done_mb[PARTS ? kDecodeWarps : 1], pre_done_unit[PARTS ? kDecodeWarps : 1];
   if constexpr (PARTS) {
     if (lane == 0) pre_done_mb[warp] = -1;
     __syncwarp();
@@ -182,10 +184,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       if (!PARTS || p.pre_parts == 1) {
         for (int64_t j = blockIdx.x; j < pre_total; j += gridDim.x) {
           const WorkItem pj = pre_item(j);
-          if (releases(pj.nb)) release_mb(pj.mb);
+          if (releases(pj.nb)) release_mb(pj.mb, pj.nb * units_per_block + wp);
         }
       } else if (pre_done_mb[warp] >= 0) {  // warp-uniform
-        release_mb(pre_done_mb[warp]);
+        release_mb(pre_done_mb[warp], pre_done_unit[warp]);
       }
       total = total_items();
     }
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       }
     }
     if (__ballot_sync(0xffffffffu, slot >= 0) == 0) {  // block-uniform
-      if (wk == 0 && tables) release_mb(mb);
+      if (wk == 0 && tables) release_mb(mb, unit);
       continue;
     }
     // B operand: lane (g, tig) feeds token column g with real k 16*tig .. +16 of each chunk.
@@ -312,13 +314,20 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     for (int s = 0; s < PF; ++s)
       if (s < nk) load_w(s);
     if (p.epilogue != 0 && p.mb_done) {
-      // The handoff: wait for this m-block's intermediate only (GEMM1 may still run elsewhere).
-      // A count that never arrives (a broken caller) traps after 30 s instead of hanging.
-      if (lane == 0) {
+      // The handoff: wait for the slots of this m-block's intermediate that this warp's k-chunks
+      // read, tile pairs [4 kb, 4 ke) (GEMM1 may still run elsewhere, even on this m-block). A
+      // count that never arrives (a broken caller) traps after 30 s instead of hanging.
+      if (lane == 0 && nk > 0) {
+        constexpr int kPairsPerChunk = int(PackedGemm::kChunkK / 16);  // 16 intermediate columns per pair
+        const int pps = p.mb_done_pps;
+        const int q_last = (min(kPairsPerChunk * ke, p.mb_done_target) - 1) / pps;
         const uint64_t t0 = globaltimer_ns();
-        while (ld_acquire_gpu(p.mb_done + mb) < p.mb_done_target) {
-          __nanosleep(64);
-          if (globaltimer_ns() - t0 > 30000000000ull) __trap();
+        for (int q = kPairsPerChunk * kb / pps; q <= q_last; ++q) {
+          const int target = min(p.mb_done_target - q * pps, pps);  // the last slot may hold fewer
+          while (ld_acquire_gpu(p.mb_done + mb * kHandoffSlots + q) < target) {
+            __nanosleep(64);
+            if (globaltimer_ns() - t0 > 30000000000ull) __trap();
+          }
         }
       }
       __syncwarp();  // lane 0's acquire orders the warp's reads of x after it
@@ -499,7 +508,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 #pragma unroll
         for (int r = 0; r < 4; ++r)
           if ((r & 1) ? v1 : v0) acc[i][r] = __ldcg(scr + (r & 1) * cstride + i * 16 + 8 * (r >> 1));
-      if (lane == 0) pre_done_mb[warp] = mb;
+      if (lane == 0) pre_done_mb[warp] = mb, pre_done_unit[warp] = unit;
       __syncwarp();
     }
     if (p.epilogue == 0) {
@@ -533,7 +542,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         }
       }
     }
-    if (tables) release_mb(mb);  // else after the wait
+    if (tables) release_mb(mb, unit);  // else after the wait
   }
 }
 

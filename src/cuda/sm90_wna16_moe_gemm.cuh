@@ -291,8 +291,11 @@ struct KParams {
   int x_kperm;           // prefill kernel only: x k-permuted (kperm_pos): 16-byte token copies
   int out_kperm;         // prefill kernel only, GEMM1: output written k-permuted
   int64_t x_rows;        // prefill kernel, GEMM2: rows of x allocated (GemmRun::x_rows); 0: unknown
-  int32_t* mb_done;      // decode kernel only, null: none. GEMM1: tile pairs stored per m-block;
-  int mb_done_target;    // GEMM2: waits per m-block for mb_done[mb] >= mb_done_target
+  int32_t* mb_done;      // decode kernel only, null: none. [m-block][kHandoffSlots]: GEMM1 adds the
+                         // tile pairs it stored to slot pair / mb_done_pps of their m-block;
+  int mb_done_target;    // GEMM2: GEMM1's tile pairs (all slots); waits for the slots its k-chunks read
+  int mb_done_pps;       // tile pairs per handoff slot (handoff_pairs_per_slot), even
+  int split_major;       // decode kernel only: items ordered (m-block, split, n-block), not split fastest
   int32_t* item_claim;   // decode kernel only, GEMM2 with mb_done: work items taken from this counter
   int pre_slices;        // decode kernel only, GEMM1 with pdl == 2: GemmRun::pre_wait_slices
   int pre_parts;         // decode kernel only: K parts per shared-slice item (1: whole K), each pre_kc
@@ -304,16 +307,23 @@ struct KParams {
 };
 
 // A work item of the persistent loops (staged, decode and prefill kernels): (m-block, n-block,
-// k-split), the split varying fastest. expert < 0: a padding m-block of the align output.
+// k-split), the split varying fastest (the decode kernel's GEMM2 with handoff slots: the n-block
+// fastest, so the items claimed first read the slots GEMM1 stores first). expert < 0: a padding
+// m-block of the align output.
 struct WorkItem {
   int split, nb, mb, expert;
 };
 __device__ __forceinline__ WorkItem decode_item(const KParams& p, int64_t item, int nb_count) {
   WorkItem w;
-  w.split = int(item % p.splits);
-  const int64_t rest = item / p.splits;
-  w.nb = int(rest % nb_count);
-  w.mb = p.mb_begin + int(rest / nb_count);
+  // (m-block, outer, inner): the inner index varies fastest (the split, or the n-block).
+  const int inner_n = p.split_major ? nb_count : p.splits;
+  const int inner = int(item % inner_n);
+  const int64_t rest = item / inner_n;
+  const int outer_n = p.split_major ? p.splits : nb_count;
+  const int outer = int(rest % outer_n);
+  w.mb = p.mb_begin + int(rest / outer_n);
+  w.split = p.split_major ? outer : inner;
+  w.nb = p.split_major ? inner : outer;
   w.expert = __ldg(p.expert_ids + w.mb);
   return w;
 }

@@ -239,10 +239,11 @@ void run_gemm_case(const GemmCase& c) {
   r.x_stride = H;
   r.out = d_inter.p;
   r.x_kperm = r.out_kperm = c.kperm;
-  // Handoff counters: max_blocks m-block counts, then GEMM2's item counter; poisoned past them.
+  // Handoff counters: kHandoffSlots per m-block, then GEMM2's item counter; poisoned past them.
   const int64_t nmb = al.num_tokens_post_padded / bm;
-  DeviceArray d_handoff(size_t(r.max_blocks + 2) * 4);
-  std::vector<int32_t> handoff0(size_t(r.max_blocks + 2), 0);
+  const int64_t n_counters = r.max_blocks * kHandoffSlots;
+  DeviceArray d_handoff(size_t(n_counters + 2) * 4);
+  std::vector<int32_t> handoff0(size_t(n_counters + 2), 0);
   handoff0.back() = 0x5eed;
   d_handoff.put(handoff0);
   if (c.handoff) r.mb_done = static_cast<int32_t*>(d_handoff.p);
@@ -302,10 +303,16 @@ void run_gemm_case(const GemmCase& c) {
   }
   CUDA_OK(cudaDeviceSynchronize());
   if (c.handoff) {
-    // Every real m-block was released once per tile pair of GEMM1 (NT / 2), no other word moved.
-    const std::vector<int32_t> h = d_handoff.get<int32_t>(size_t(r.max_blocks + 2));
-    for (int64_t mb = 0; mb < r.max_blocks + 1; ++mb)
-      ASSERT_EQ(h[size_t(mb)], mb < nmb ? int32_t(g1.pg.NT / 2) : 0) << "handoff count of m-block " << mb;
+    // Every real m-block was released once per tile pair of GEMM1 (NT / 2), each pair in its slot
+    // (handoff_pairs_per_slot pairs per slot); no other word moved.
+    const std::vector<int32_t> h = d_handoff.get<int32_t>(size_t(n_counters + 2));
+    const int64_t pairs = g1.pg.NT / 2, pps = handoff_pairs_per_slot(pairs);
+    for (int64_t mb = 0; mb < r.max_blocks; ++mb)
+      for (int64_t q = 0; q < kHandoffSlots; ++q) {
+        const int64_t want = mb < nmb ? std::clamp<int64_t>(pairs - q * pps, 0, pps) : 0;
+        ASSERT_EQ(h[size_t(mb * kHandoffSlots + q)], want) << "handoff count of m-block " << mb << " slot " << q;
+      }
+    ASSERT_EQ(h[size_t(n_counters)], 0) << "GEMM2's item counter moved during GEMM1";
     ASSERT_EQ(h.back(), 0x5eed) << "write past the handoff counters";
   }
 
@@ -353,13 +360,13 @@ void run_gemm_case(const GemmCase& c) {
   r.splits = c.splits > 0 ? c.splits : choose_splits(dg2, c.config, c.act, M, topk, r.decode_4tiles);
   if (c.handoff) {
     r.mb_done_target = int(g1.pg.NT / 2);
-    r.item_claim = static_cast<int32_t*>(d_handoff.p) + r.max_blocks;
+    r.item_claim = static_cast<int32_t*>(d_handoff.p) + n_counters;
   }
   launch_moe_gemm(dg2, r, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   if (c.handoff) {
     // Every item a block started claimed the block's next one: at least one claim per m-block.
-    const int32_t claims = d_handoff.get<int32_t>(size_t(r.max_blocks + 1)).back();
+    const int32_t claims = d_handoff.get<int32_t>(size_t(n_counters + 1)).back();
     EXPECT_GE(claims, nmb) << "GEMM2 item claims";
   }
   const std::vector<float> out = d_out.get<float>(size_t(M * H));

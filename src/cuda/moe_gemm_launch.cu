@@ -527,24 +527,25 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     kp.decode_kw = plan.kw;
     // The shared slices' items in K parts (GemmRun::pre_scratch): as many parts as keep all of
     // them in one round of the resident blocks (at most one per block: the kernel's release
-    // bookkeeping), each part at least one group per warp.
+    // bookkeeping), each part at least one group per warp, and at most kPreMaxParts: fewer warps
+    // then stream the shared slices while the routing chain runs, each for longer, and the
+    // chain's round trips wait less behind them (measured, docs/perf.md session 12: DeepSeek-V3
+    // M=1 0.4-0.7 us faster with 3 or 4 parts than with 8). A/B switch WNA16_PRE_PARTS=N (1..8).
     // The kernel has parts for int4 static groups only.
     const int64_t units = w.NT / (2 * plan.ppw), per_block = gemm::kDecodeWarps / plan.kw;
     const int64_t pre_base = pre_wait_mblocks(r) * ((units + per_block - 1) / per_block);
     if (kp.pre_slices > 0 && r.pre_scratch && r.pre_count && w.bits == 4 && kp.static_groups) {
-      const int64_t group = kp.chunks_per_group;
-      const int64_t max_parts = std::min<int64_t>(8, kp.KC / (plan.kw * group));
-      // A/B switch WNA16_PRE_PARTS=N (1..8): at most N parts (fewer warps stream the shared
-      // slices while the routing chain runs, at more chunks each).
-      static const int64_t parts_pin = [] {
+      constexpr int64_t kPreMaxParts = 4;
+      static const int64_t parts_cap = [] {
         const char* v = std::getenv("WNA16_PRE_PARTS");
-        if (!v || !*v) return int64_t(8);
+        if (!v || !*v) return kPreMaxParts;
         char* end = nullptr;
         const long n = std::strtol(v, &end, 10);
         if (*end != '\0' || n < 1 || n > 8) throw Error(std::string("WNA16_PRE_PARTS=") + v + " is not 1..8");
         return int64_t(n);
       }();
-      const int64_t parts = std::min<int64_t>({plan.resident / pre_base, max_parts, parts_pin});
+      const int64_t group = kp.chunks_per_group;
+      const int64_t parts = std::min<int64_t>({plan.resident / pre_base, kp.KC / (plan.kw * group), parts_cap});
       if (parts > 1) {
         const int64_t kc = (kp.KC + parts - 1) / parts;
         kp.pre_kc = int((kc + group - 1) / group * group);

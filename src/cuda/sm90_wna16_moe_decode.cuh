@@ -315,22 +315,21 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       if (s < nk) load_w(s);
     if (p.epilogue != 0 && p.mb_done) {
       // The handoff: wait for the slots of this m-block's intermediate that this warp's k-chunks
-      // read, tile pairs [4 kb, 4 ke) (GEMM1 may still run elsewhere, even on this m-block). A
-      // count that never arrives (a broken caller) traps after 30 s instead of hanging.
-      if (lane == 0 && nk > 0) {
-        constexpr int kPairsPerChunk = int(PackedGemm::kChunkK / 16);  // 16 intermediate columns per pair
-        const int pps = p.mb_done_pps;
-        const int q_last = (min(kPairsPerChunk * ke, p.mb_done_target) - 1) / pps;
+      // read, tile pairs [4 kb, 4 ke) (GEMM1 may still run elsewhere, even on this m-block): lane
+      // i polls slot q0 + i, all at once (one L2 round trip when they are ready). A count that
+      // never arrives (a broken caller) traps after 30 s instead of hanging.
+      constexpr int kPairsPerChunk = int(PackedGemm::kChunkK / 16);  // 16 intermediate columns per pair
+      const int pps = p.mb_done_pps;
+      const int q = kPairsPerChunk * kb / pps + lane;
+      if (nk > 0 && q * pps < min(kPairsPerChunk * ke, p.mb_done_target)) {
+        const int target = min(p.mb_done_target - q * pps, pps);  // the last slot may hold fewer
         const uint64_t t0 = globaltimer_ns();
-        for (int q = kPairsPerChunk * kb / pps; q <= q_last; ++q) {
-          const int target = min(p.mb_done_target - q * pps, pps);  // the last slot may hold fewer
-          while (ld_acquire_gpu(p.mb_done + mb * kHandoffSlots + q) < target) {
-            __nanosleep(64);
-            if (globaltimer_ns() - t0 > 30000000000ull) __trap();
-          }
+        while (ld_acquire_gpu(p.mb_done + mb * kHandoffSlots + q) < target) {
+          __nanosleep(64);
+          if (globaltimer_ns() - t0 > 30000000000ull) __trap();
         }
       }
-      __syncwarp();  // lane 0's acquire orders the warp's reads of x after it
+      __syncwarp();  // the lanes' acquires order the warp's reads of x after them
     } else if (!waited) {  // x may be the previous kernel's output
       asm volatile("griddepcontrol.wait;" ::: "memory");
       waited = true;

@@ -486,10 +486,6 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.item_claim = r.epilogue == GemmEpilogue::WeightedSum ? r.item_claim : nullptr;
   // GEMM2 with handoff slots: split-major items, so the first claims read the first slots.
   kp.split_major = kp.item_claim && r.mb_done && kp.mb_done_pps < r.mb_done_target ? 1 : 0;
-  // The decode kernel's next-item tables and late handoff release (KParams::item_prefetch), where
-  // the next item is known (no claims). A/B switch: WNA16_NO_ITEM_PREFETCH=1.
-  static const bool no_item_prefetch = std::getenv("WNA16_NO_ITEM_PREFETCH") != nullptr;
-  kp.item_prefetch = !kp.item_claim && !no_item_prefetch ? 1 : 0;
   // A/B switches for measurements (results are the same either way).
   static const bool no_defer = std::getenv("WNA16_NO_DEFER") != nullptr;
   kp.defer_ok = !no_defer && w.group_len % PackedGemm::kChunkK == 0 && !(w.bits == 8 && r.act == DType::BF16);

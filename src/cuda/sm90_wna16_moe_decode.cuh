@@ -137,13 +137,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   };
   // Unit u of m-block mb stored: its PPW tile pairs count in their handoff slot (a slot holds an
   // even number of pairs: a unit never straddles two).
-  auto counter = [&](int mb, int u) { return mb * kHandoffSlots + PPW * u / p.mb_done_pps; };
   auto release_mb = [&](int mb, int u) {
     if (p.epilogue == 0 && p.mb_done) {
       __syncwarp();  // the warp's stores are ordered before lane 0's fence and count
       if (lane == 0) {
         __threadfence();
-        atomicAdd(p.mb_done + counter(mb, u), PPW);
+        atomicAdd(p.mb_done + mb * kHandoffSlots + PPW * u / p.mb_done_pps, PPW);
       }
     }
   };
@@ -175,29 +174,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     __syncwarp();
   }
 
-  // The next item's tables (KParams::item_prefetch): its m-block's expert and slots, copied into
-  // shared memory by this warp during the current item (cp.async, landed by the item's final
-  // wait), so the next item starts its weight loads without two dependent L2 round trips; and
-  // this item's handoff count (GEMM1), released only once the next item's loads are in flight,
-  // so the release fence does not hold them back. pf_mb: the m-block copied (-1: none); pend:
-  // the counter of a release held back (-1: none). Lane 0's only, in shared memory: the loop has
-  // no registers to spare.
-  __shared__ int pf_mb[kDecodeWarps], pf_expert[kDecodeWarps], pf_slot[kDecodeWarps][kDecodeBM];
-  __shared__ int pend[kDecodeWarps];
-  if (lane == 0) pf_mb[warp] = pend[warp] = -1;
-  // Not in the run-time group variants: there it made ptxas spill.
-  const bool item_prefetch = kStaticGroups && p.item_prefetch;
-  auto flush_release = [&] {  // warp-uniform
-    if (item_prefetch && p.epilogue == 0 && p.mb_done) {
-      __syncwarp();  // the warp's stores are ordered before lane 0's fence and count
-      if (lane == 0 && pend[warp] >= 0) {
-        __threadfence();
-        atomicAdd(p.mb_done + pend[warp], PPW);
-        pend[warp] = -1;
-      }
-    }
-  };
-
   for (int64_t item = blockIdx.x;; item = next_item(item)) {
     if (!tables && item >= pre_total) {
       asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -217,15 +193,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
     if (item >= total) break;
     if (p.item_claim && threadIdx.x == 0) next_claim = int(gridDim.x) + atomicAdd(p.item_claim, 1);
-    WorkItem it;
-    bool copied = false;  // the item's tables are in pf_* (lane 0 wrote pf_mb; its copies landed)
-    if (tables) {
-      it = decode_item_mb(p, PARTS ? item - pre_total + pre_base : item, nb_count);
-      copied = item_prefetch && __shfl_sync(0xffffffffu, lane == 0 ? pf_mb[warp] : -1, 0) == it.mb;
-      it.expert = copied ? __shfl_sync(0xffffffffu, lane == 0 ? pf_expert[warp] : 0, 0) : __ldg(p.expert_ids + it.mb);
-    } else {
-      it = pre_item(item);
-    }
+    const WorkItem it = tables ? decode_item(p, PARTS ? item - pre_total + pre_base : item, nb_count) : pre_item(item);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     if (expert < 0) continue;  // block-uniform
     const int unit = nb * units_per_block + wp;
@@ -239,7 +207,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     int slot = -1;
     if (lane < kDecodeBM) {
       if (tables) {
-        const int s = copied ? pf_slot[warp][lane] : __ldg(p.sorted_ids + int64_t(mb) * kDecodeBM + lane);
+        const int s = __ldg(p.sorted_ids + int64_t(mb) * kDecodeBM + lane);
         slot = (s >= 0 && s < p.num_slots) ? s : -1;
       } else {
         const int t = (mb % pre_mps) * kDecodeBM + lane;
@@ -247,7 +215,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       }
     }
     if (__ballot_sync(0xffffffffu, slot >= 0) == 0) {  // block-uniform
-      flush_release();
       if (wk == 0 && tables) release_mb(mb, unit);
       continue;
     }
@@ -343,20 +310,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         for (pos += 64; pos >= p.group_len; pos -= p.group_len) ++grp;
       }
     };
-    if (item_prefetch && tables) {
-      // The next item's tables, in this item's first cp.async group (see pf_mb); before the ring
-      // loads, while registers are free. Item indices fit in 32 bits (checked on the host).
-      const int next = int(item) + int(gridDim.x);
-      if (next < total) {
-        const int nx = PARTS ? next - pre_total + pre_base : next;
-        const int nmb = p.mb_begin + nx / (p.splits * nb_count);  // the item's m-block in both orders
-        if (lane < kDecodeBM) cp_async4(&pf_slot[warp][lane], p.sorted_ids + int64_t(nmb) * kDecodeBM + lane);
-        if (lane == 0) {
-          cp_async4(&pf_expert[warp], p.expert_ids + nmb);
-          pf_mb[warp] = nmb;
-        }
-      }
-    }
 #pragma unroll
     for (int s = 0; s < PF; ++s)
       if (s < nk) load_w(s);
@@ -386,7 +339,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       if (s < nk) load_x_meta(s, s);
       cp_async_commit();  // one group per chunk, empty past the end (the wait count stays fixed)
     }
-    flush_release();  // the previous item's count, now that this item's loads are in flight
 
     float acc[NTW][4];
     // Deferred mode: raw partial sums of the group, CH chains per tile; the tokens' row sums in CH
@@ -589,13 +541,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         }
       }
     }
-    if (tables) {  // else after the wait
-      flush_release();
-      if (!item_prefetch) release_mb(mb, unit);
-      else if (lane == 0 && p.epilogue == 0 && p.mb_done) pend[warp] = counter(mb, unit);
-    }
+    if (tables) release_mb(mb, unit);  // else after the wait
   }
-  flush_release();
 }
 
 // Blocks of the decode kernel resident per SM (cached per instantiation).

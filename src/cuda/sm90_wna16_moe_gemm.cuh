@@ -296,8 +296,6 @@ struct KParams {
   int mb_done_target;    // GEMM2: GEMM1's tile pairs (all slots); waits for the slots its k-chunks read
   int mb_done_pps;       // tile pairs per handoff slot (handoff_pairs_per_slot), even
   int split_major;       // decode kernel only: items ordered (m-block, split, n-block), not split fastest
-  int item_prefetch;     // decode kernel only, no item_claim: the next item's tables copied during the
-                         // item, and GEMM1's handoff count released after the next item's loads
   int32_t* item_claim;   // decode kernel only, GEMM2 with mb_done: work items taken from this counter
   int pre_slices;        // decode kernel only, GEMM1 with pdl == 2: GemmRun::pre_wait_slices
   int pre_parts;         // decode kernel only: K parts per shared-slice item (1: whole K), each pre_kc
@@ -315,8 +313,7 @@ struct KParams {
 struct WorkItem {
   int split, nb, mb, expert;
 };
-// decode_item without the expert (left -1): the m-block, n-block and split of an item.
-__device__ __forceinline__ WorkItem decode_item_mb(const KParams& p, int64_t item, int nb_count) {
+__device__ __forceinline__ WorkItem decode_item(const KParams& p, int64_t item, int nb_count) {
   WorkItem w;
   // (m-block, outer, inner): the inner index varies fastest (the split, or the n-block).
   const int inner_n = p.split_major ? nb_count : p.splits;
@@ -327,11 +324,6 @@ __device__ __forceinline__ WorkItem decode_item_mb(const KParams& p, int64_t ite
   w.mb = p.mb_begin + int(rest / outer_n);
   w.split = p.split_major ? outer : inner;
   w.nb = p.split_major ? inner : outer;
-  w.expert = -1;
-  return w;
-}
-__device__ __forceinline__ WorkItem decode_item(const KParams& p, int64_t item, int nb_count) {
-  WorkItem w = decode_item_mb(p, item, nb_count);
   w.expert = __ldg(p.expert_ids + w.mb);
   return w;
 }

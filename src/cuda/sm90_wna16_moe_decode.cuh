@@ -340,7 +340,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         const bool wait = mine && ld_acquire_gpu(p.mb_done + mb * kHandoffSlots + q) < min(p.mb_done_target - q * pps, pps);
         if (p.wait_prefetch && __any_sync(0xffffffffu, wait)) {
           // Idle until GEMM1 stores those slots: pull this warp's later weight chunks into L2
-          // meanwhile (the DRAM is otherwise idle at GEMM1's tail), one 128-byte line per lane.
+          // meanwhile, one 128-byte line per lane. Opt-in (KParams::wait_prefetch): measured
+          // slower at DeepSeek-V3 M=1 (docs/perf.md, session 12).
           constexpr int kLines = NTW * U * 32 * 16 / 128;  // per chunk (contiguous)
           const char* c0 = reinterpret_cast<const char*>(wnext - lane);  // chunk PF
           for (int i = lane; i < (nk - PF) * kLines; i += 32)

@@ -783,6 +783,19 @@ TEST(MoeGemm, HandoffWhereGemm1FillsTheGpu) {
   EXPECT_FALSE(mb_handoff_pays(act_order, run(1, 9, 0)));
 }
 
+// The handoff's slots (handoff_pairs_per_slot): an even number of tile pairs each (a warp's unit of
+// two pairs never straddles two slots), every pair of GEMM1 in one of the kHandoffSlots counters of
+// its m-block, none of them empty but the ones past the last pair. Host only.
+TEST(MoeGemm, HandoffSlotsHoldEveryPair) {
+  for (int64_t pairs : {1, 2, 3, 7, 8, 16, 17, 64, 128, 895, 896, 1024, 7168}) {
+    const int64_t pps = handoff_pairs_per_slot(pairs);
+    EXPECT_EQ(pps % 2, 0) << pairs << " pairs";
+    EXPECT_LT((pairs - 1) / pps, kHandoffSlots) << pairs << " pairs: the last pair is past the counters";
+    EXPECT_GE(pps * kHandoffSlots, pairs) << pairs << " pairs";
+  }
+  EXPECT_THROW(handoff_pairs_per_slot(0), Error);
+}
+
 // Where the layer runs GEMM1's shared-slice items in K parts (shared_slice_parts_pay): one token,
 // int4 with groups of 64-256, K * bits >= 16384. DeepSeek-V3 (K=7168) yes; Qwen1.5-MoE (K=2048)
 // no; never at 4 tokens, int8, groups of 32 or per channel, or act-order. Host only.

@@ -535,7 +535,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     // bookkeeping), each part at least one group per warp, and at most kPreMaxParts: fewer warps
     // then stream the shared slices while the routing chain runs, each for longer, and the
     // chain's round trips wait less behind them (measured, docs/perf.md session 12: DeepSeek-V3
-    // M=1 0.4-0.7 us faster with 3 or 4 parts than with 8). A/B switch WNA16_PRE_PARTS=N (1..8).
+    // M=1 0.3-0.85 us faster with 4 parts than with 8). A/B switch WNA16_PRE_PARTS=N (1..8).
     // The kernel has parts for int4 static groups only.
     const int64_t units = w.NT / (2 * plan.ppw), per_block = gemm::kDecodeWarps / plan.kw;
     const int64_t pre_base = pre_wait_mblocks(r) * ((units + per_block - 1) / per_block);

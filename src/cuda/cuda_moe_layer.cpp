@@ -656,18 +656,6 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   r.out_kperm = false;  // GEMM2 writes the fp32 accumulator; its input (the intermediate) is k-permuted with kperm
   d.set_gemm2(r, c.acc, c.w2, ws, L);
   r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);
-  // A/B switch WNA16_GEMM2_SPLITS=N (1..32): GEMM2's K split pinned instead of the model's, which
-  // plans one round of GEMM2 alone and does not see the handoff (GEMM2's last m-blocks run in the
-  // tail after GEMM1, on the blocks their items fill).
-  static const int pinned_splits = [] {
-    const char* v = std::getenv("WNA16_GEMM2_SPLITS");
-    if (!v || !*v) return 0;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (*end != '\0' || n < 1 || n > 32) throw Error(std::string("WNA16_GEMM2_SPLITS=") + v + " is not 1..32");
-    return int(n);
-  }();
-  if (pinned_splits > 0) r.splits = pinned_splits;
   r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail
   if (handoff) {
     r.mb_done_target = int(d.g1.NT / 2);

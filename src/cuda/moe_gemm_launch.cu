@@ -295,6 +295,20 @@ DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc
 
 bool decode_items_long(const DeviceGemm& g) { return g.K * g.bits >= 16384; }
 
+namespace {
+// An integer A/B switch: the value of environment variable `name` (a whole number in [lo, hi]),
+// or `fallback` when it is unset or empty. Throws Error naming the value otherwise.
+int64_t env_int(const char* name, int64_t lo, int64_t hi, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end != '\0' || n < lo || n > hi)
+    throw Error(std::string(name) + "=" + v + " is not " + std::to_string(lo) + ".." + std::to_string(hi));
+  return n;
+}
+}  // namespace
+
 bool shared_slice_parts_pay(const DeviceGemm& g1, int64_t tokens) {
   const bool static_group =
       g1.group_len % PackedGemm::kChunkK == 0 && gemm::decode_static_cpg<4>(int(g1.group_len / PackedGemm::kChunkK));
@@ -302,15 +316,7 @@ bool shared_slice_parts_pay(const DeviceGemm& g1, int64_t tokens) {
 }
 
 int handoff_pairs_per_slot(int64_t pairs) {
-  static const int64_t slots = [] {
-    const char* v = std::getenv("WNA16_HANDOFF_SLOTS");
-    if (!v || !*v) return int64_t(kHandoffSlots);
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (*end != '\0' || n < 1 || n > kHandoffSlots)
-      throw Error(std::string("WNA16_HANDOFF_SLOTS=") + v + " is not 1.." + std::to_string(kHandoffSlots));
-    return int64_t(n);
-  }();
+  static const int64_t slots = env_int("WNA16_HANDOFF_SLOTS", 1, kHandoffSlots, kHandoffSlots);
   if (pairs < 1) throw Error("handoff: pairs=" + std::to_string(pairs) + " is not positive");
   const int64_t per = (pairs + slots - 1) / slots;
   return int((per + 1) / 2 * 2);
@@ -541,14 +547,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     const int64_t pre_base = pre_wait_mblocks(r) * ((units + per_block - 1) / per_block);
     if (kp.pre_slices > 0 && r.pre_scratch && r.pre_count && w.bits == 4 && kp.static_groups) {
       constexpr int64_t kPreMaxParts = 4;
-      static const int64_t parts_cap = [] {
-        const char* v = std::getenv("WNA16_PRE_PARTS");
-        if (!v || !*v) return kPreMaxParts;
-        char* end = nullptr;
-        const long n = std::strtol(v, &end, 10);
-        if (*end != '\0' || n < 1 || n > 8) throw Error(std::string("WNA16_PRE_PARTS=") + v + " is not 1..8");
-        return int64_t(n);
-      }();
+      static const int64_t parts_cap = env_int("WNA16_PRE_PARTS", 1, 8, kPreMaxParts);
       const int64_t group = kp.chunks_per_group;
       const int64_t parts = std::min<int64_t>({plan.resident / pre_base, kp.KC / (plan.kw * group), parts_cap});
       if (parts > 1) {

@@ -327,17 +327,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       const int q = BITS == 4 ? kPairsPerChunk * kb / pps + lane : lane;
       const bool mine = BITS == 4 ? nk > 0 && q * pps < min(kPairsPerChunk * ke, p.mb_done_target)
                                   : q * pps < p.mb_done_target;
+      auto target = [&] { return min(p.mb_done_target - q * pps, pps); };  // the last slot may hold fewer
+      auto count = [&] { return p.mb_done + mb * kHandoffSlots + q; };
       auto spin = [&] {
-        const int target = min(p.mb_done_target - q * pps, pps);  // the last slot may hold fewer
-        const int32_t* count = p.mb_done + mb * kHandoffSlots + q;
         const uint64_t t0 = globaltimer_ns();
-        while (ld_acquire_gpu(count) < target) {
+        while (ld_acquire_gpu(count()) < target()) {
           __nanosleep(64);
           if (globaltimer_ns() - t0 > 30000000000ull) __trap();
         }
       };
       if constexpr (kStaticGroups && BITS == 4) {  // (elsewhere ptxas spilled)
-        const bool wait = mine && ld_acquire_gpu(p.mb_done + mb * kHandoffSlots + q) < min(p.mb_done_target - q * pps, pps);
+        const bool wait = mine && ld_acquire_gpu(count()) < target();
         if (p.wait_prefetch && __any_sync(0xffffffffu, wait)) {
           // Idle until GEMM1 stores those slots: pull this warp's later weight chunks into L2
           // meanwhile, one 128-byte line per lane. Opt-in (KParams::wait_prefetch): measured

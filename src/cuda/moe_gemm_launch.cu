@@ -492,11 +492,6 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.item_claim = r.epilogue == GemmEpilogue::WeightedSum ? r.item_claim : nullptr;
   // GEMM2 with handoff slots: split-major items, so the first claims read the first slots.
   kp.split_major = kp.item_claim && r.mb_done && kp.mb_done_pps < r.mb_done_target ? 1 : 0;
-  // GEMM2's weights into L2 while it waits for its handoff slots: off, opt-in for measurements
-  // (WNA16_WAIT_PREFETCH=1). Measured slower (docs/perf.md session 12: DeepSeek-V3 M=1 +2.2 us,
-  // Mixtral M=1 level).
-  static const bool wait_prefetch = std::getenv("WNA16_WAIT_PREFETCH") != nullptr;
-  kp.wait_prefetch = kp.item_claim && r.mb_done && wait_prefetch ? 1 : 0;
   // A/B switches for measurements (results are the same either way).
   static const bool no_defer = std::getenv("WNA16_NO_DEFER") != nullptr;
   kp.defer_ok = !no_defer && w.group_len % PackedGemm::kChunkK == 0 && !(w.bits == 8 && r.act == DType::BF16);

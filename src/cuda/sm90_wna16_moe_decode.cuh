@@ -41,9 +41,6 @@ static_assert(PackedGemm::kTilePad % 8 == 0, "blocks of two 4-tile units must di
 
 
 // 16 bytes of a weight stream: read once, so keep it out of L1 (the activations live there).
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
 __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
   uint4 v;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -323,33 +320,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       // never arrives (a broken caller) traps after 30 s instead of hanging.
       constexpr int kPairsPerChunk = int(PackedGemm::kChunkK / 16);  // 16 intermediate columns per pair
       const int pps = p.mb_done_pps;
-      // (int8: every slot of the m-block, else ptxas spilled)
-      const int q = BITS == 4 ? kPairsPerChunk * kb / pps + lane : lane;
-      const bool mine = BITS == 4 ? nk > 0 && q * pps < min(kPairsPerChunk * ke, p.mb_done_target)
-                                  : q * pps < p.mb_done_target;
-      auto target = [&] { return min(p.mb_done_target - q * pps, pps); };  // the last slot may hold fewer
-      auto count = [&] { return p.mb_done + mb * kHandoffSlots + q; };
-      auto spin = [&] {
+      const int q = kPairsPerChunk * kb / pps + lane;
+      if (nk > 0 && q * pps < min(kPairsPerChunk * ke, p.mb_done_target)) {
+        const int target = min(p.mb_done_target - q * pps, pps);  // the last slot may hold fewer
         const uint64_t t0 = globaltimer_ns();
-        while (ld_acquire_gpu(count()) < target()) {
+        while (ld_acquire_gpu(p.mb_done + mb * kHandoffSlots + q) < target) {
           __nanosleep(64);
           if (globaltimer_ns() - t0 > 30000000000ull) __trap();
         }
-      };
-      if constexpr (kStaticGroups && BITS == 4) {  // (elsewhere ptxas spilled)
-        const bool wait = mine && ld_acquire_gpu(count()) < target();
-        if (p.wait_prefetch && __any_sync(0xffffffffu, wait)) {
-          // Idle until GEMM1 stores those slots: pull this warp's later weight chunks into L2
-          // meanwhile, one 128-byte line per lane. Opt-in (KParams::wait_prefetch): measured
-          // slower at DeepSeek-V3 M=1 (docs/perf.md, session 12).
-          constexpr int kLines = NTW * U * 32 * 16 / 128;  // per chunk (contiguous)
-          const char* c0 = reinterpret_cast<const char*>(wnext - lane);  // chunk PF
-          for (int i = lane; i < (nk - PF) * kLines; i += 32)
-            prefetch_l2(c0 + int64_t(i / kLines) * wstride * 16 + (i % kLines) * 128);
-        }
-        if (wait) spin();
-      } else {
-        if (mine) spin();
       }
       __syncwarp();  // the lanes' acquires order the warp's reads of x after them
     } else if (!waited) {  // x may be the previous kernel's output

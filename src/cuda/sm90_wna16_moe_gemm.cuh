@@ -296,8 +296,6 @@ struct KParams {
   int mb_done_target;    // GEMM2: GEMM1's tile pairs (all slots); waits for the slots its k-chunks read
   int mb_done_pps;       // tile pairs per handoff slot (handoff_pairs_per_slot), even
   int split_major;       // decode kernel only: items ordered (m-block, split, n-block), not split fastest
-  int wait_prefetch;     // decode kernel only, GEMM2 with mb_done: a warp that must wait for its
-                         // slots first pulls its item's later weight chunks into L2 (opt-in)
   int32_t* item_claim;   // decode kernel only, GEMM2 with mb_done: work items taken from this counter
   int pre_slices;        // decode kernel only, GEMM1 with pdl == 2: GemmRun::pre_wait_slices
   int pre_parts;         // decode kernel only: K parts per shared-slice item (1: whole K), each pre_kc

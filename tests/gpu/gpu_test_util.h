@@ -1,7 +1,25 @@
-// Shared by the GPU tests: skip cleanly (with a message) where no GPU is present, and check every
-// CUDA call with file:line.
+// Shared by the GPU tests: skip cleanly (with a message) where no GPU is present, check every
+// CUDA call with file:line, and shrink the largest case lists under compute-sanitizer.
 #pragma once
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <vector>
+
+namespace wna16::gpu_test {
+// WNA16_TEST_UNDER_SANITIZER=1 (scripts/gpu-check sets it for its compute-sanitizer runs): the
+// tests whose full case lists take minutes under racecheck run reduced lists instead, which still
+// reach every code path (kernel variant, tuning, threshold) at smaller sizes.
+inline bool under_sanitizer() {
+  const char* v = std::getenv("WNA16_TEST_UNDER_SANITIZER");
+  return v && *v && *v != '0';
+}
+// full, or reduced under a sanitizer.
+template <class T>
+std::vector<T> cases(std::vector<T> full, std::vector<T> reduced) {
+  return under_sanitizer() ? reduced : full;
+}
+}  // namespace wna16::gpu_test
 
 #ifdef WNA16_HAVE_CUDA
 #include <cuda_runtime.h>

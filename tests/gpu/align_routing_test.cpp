@@ -269,7 +269,7 @@ TEST_F(AlignGpu, EveryTuningMatchesReference) {
     for (int E : cases<int>({1, 8, 9, 64, 65, 256, 257, 512, 1024}, {9, 65, 257, 1024}))
       for (int block_m : cases<int>({1, 16, 128}, {16}))
         for (int64_t n : cases<int64_t>({1, 100, 4099, 32768, 262144}, {100, 4099}))
-          for (Dist d : {Dist::Uniform, Dist::OneExpert, Dist::Skewed})
+          for (Dist d : cases<Dist>({Dist::Uniform, Dist::OneExpert, Dist::Skewed}, {Dist::Skewed}))
             check_align_case(n, E, block_m, d, rng_, stream_, &t);
 }
 

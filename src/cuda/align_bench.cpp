@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_check.h"
 #include "wna16/cuda_kernels.h"
+#include "wna16/error.h"
 #include "wna16/reference.h"
 
 namespace wna16::cuda {
@@ -17,7 +19,6 @@ namespace {
 
 constexpr int kLaunchesPerGraph = 20;  // amortises the graph launch itself
 constexpr int kWarmup = 3;
-constexpr int kReplays = 25;
 
 // Frees whatever was created, also when a check throws half way.
 struct BenchResources {
@@ -44,7 +45,8 @@ struct BenchResources {
 
 // Median microseconds per launch: warm-up, a graph of kLaunchesPerGraph launches, timed replays.
 template <typename Launch>
-double time_graph_us(BenchResources& r, Launch&& launch) {
+double time_graph_us(BenchResources& r, int replays, Launch&& launch) {
+  if (replays < 1) throw Error("align bench: replays=" + std::to_string(replays) + " is not positive");
   WNA16_CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
   WNA16_CUDA_CHECK(cudaEventCreate(&r.start));
   WNA16_CUDA_CHECK(cudaEventCreate(&r.stop));
@@ -58,16 +60,16 @@ double time_graph_us(BenchResources& r, Launch&& launch) {
   WNA16_CUDA_CHECK(cudaGraphLaunch(r.exec, r.stream));  // warm the graph
   WNA16_CUDA_CHECK(cudaStreamSynchronize(r.stream));
 
-  std::vector<float> ms(kReplays);
-  for (int i = 0; i < kReplays; ++i) {
+  std::vector<float> ms(size_t(replays), 0.f);
+  for (int i = 0; i < replays; ++i) {
     WNA16_CUDA_CHECK(cudaEventRecord(r.start, r.stream));
     WNA16_CUDA_CHECK(cudaGraphLaunch(r.exec, r.stream));
     WNA16_CUDA_CHECK(cudaEventRecord(r.stop, r.stream));
     WNA16_CUDA_CHECK(cudaEventSynchronize(r.stop));
     WNA16_CUDA_CHECK(cudaEventElapsedTime(&ms[size_t(i)], r.start, r.stop));
   }
-  std::nth_element(ms.begin(), ms.begin() + kReplays / 2, ms.end());
-  return double(ms[kReplays / 2]) * 1000.0 / kLaunchesPerGraph;
+  std::nth_element(ms.begin(), ms.begin() + replays / 2, ms.end());
+  return double(ms[size_t(replays / 2)]) * 1000.0 / kLaunchesPerGraph;
 }
 
 }  // namespace
@@ -76,7 +78,7 @@ double bench_align_us(int E, int64_t num_slots, int block_m) {
   return bench_align_us(E, num_slots, block_m, kAlignDefaultTuning);
 }
 
-double bench_align_us(int E, int64_t num_slots, int block_m, const AlignTuning& tuning) {
+double bench_align_us(int E, int64_t num_slots, int block_m, const AlignTuning& tuning, int replays) {
   const int64_t padded = max_padded_slots(num_slots, E, block_m);
   const int64_t blocks = max_align_blocks(num_slots, E, block_m);
   std::vector<int32_t> ids(static_cast<size_t>(num_slots));
@@ -91,15 +93,15 @@ double bench_align_us(int E, int64_t num_slots, int block_m, const AlignTuning& 
   WNA16_CUDA_CHECK(cudaMalloc(&r.post, sizeof(int32_t)));
   WNA16_CUDA_CHECK(cudaMemcpy(r.ids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   WNA16_CUDA_CHECK(cudaDeviceSynchronize());  // the benchmark stream does not wait for the legacy stream
-  return time_graph_us(r, [&](cudaStream_t s) {
+  return time_graph_us(r, replays, [&](cudaStream_t s) {
     launch_align_tuned(static_cast<const int32_t*>(r.ids), num_slots, E, block_m, static_cast<int32_t*>(r.sorted),
                        static_cast<int32_t*>(r.experts), static_cast<int32_t*>(r.post), tuning, s);
   });
 }
 
-double bench_align_noop_us(int n_cta, bool cluster) {
+double bench_align_noop_us(int n_cta, bool cluster, int replays) {
   BenchResources r;
-  return time_graph_us(r, [&](cudaStream_t s) { launch_align_shaped_noop(n_cta, cluster, s); });
+  return time_graph_us(r, replays, [&](cudaStream_t s) { launch_align_shaped_noop(n_cta, cluster, s); });
 }
 
 }  // namespace wna16::cuda

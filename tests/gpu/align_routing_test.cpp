@@ -356,7 +356,8 @@ TEST_F(AlignGpu, RacecheckSmall) {
 TEST_F(AlignGpu, GraphReplayWithNewIdsEqualsEager) {
   WNA16_REQUIRE_GPU();
   const int E = 256, block_m = 64;
-  const int64_t n = under_sanitizer() ? 512 * 8 : 4096 * 8;
+  // (Under a sanitizer 2048 slots, above the one-CTA small path, and one distribution.)
+  const int64_t n = under_sanitizer() ? 2048 : 4096 * 8;
   std::vector<cuda::AlignTuning> tunings = align_tunings();
   tunings.insert(tunings.begin(), cuda::kAlignDefaultTuning);
   for (const cuda::AlignTuning& t : tunings) {
@@ -374,7 +375,7 @@ TEST_F(AlignGpu, GraphReplayWithNewIdsEqualsEager) {
     CUDA_OK(cudaGraphLaunch(exec, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     EXPECT_EQ(compare_align(g, first, E, block_m), "") << "first replay, tuning " << t.name;
-    for (Dist d : {Dist::Uniform, Dist::OneExpert, Dist::EvenExpertsOnly}) {
+    for (Dist d : cases<Dist>({Dist::Uniform, Dist::OneExpert, Dist::EvenExpertsOnly}, {Dist::Uniform})) {
       const auto ids = make_ids(d, n, E, rng_);
       g.ids.upload(ids);
       g.poison();
@@ -399,6 +400,8 @@ TEST_F(AlignGpu, RefusesBadArgumentsNamingTheValue) {
   auto call = [&](int64_t n, int E, int bm) { cuda::launch_align(b.ids.p, n, E, bm, b.sorted.p, b.experts.p, b.post.p, stream_); };
   EXPECT_NE(error_of([&] { call(16, 0, 4); }).find("E=0"), std::string::npos);
   EXPECT_NE(error_of([&] { call(16, -3, 4); }).find("E=-3"), std::string::npos);
+  EXPECT_NE(error_of([] { cuda::bench_align_us(8, 16, 4, cuda::kAlignDefaultTuning, 0); }).find("replays=0"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { call(16, 2000, 4); }).find("E=2000"), std::string::npos);
   EXPECT_NE(error_of([&] { call(16, 8, 0); }).find("block_m=0"), std::string::npos);
   EXPECT_NE(error_of([&] { call(-1, 8, 4); }).find("num_slots=-1"), std::string::npos);
@@ -412,13 +415,16 @@ TEST_F(AlignGpu, RefusesBadArgumentsNamingTheValue) {
 
 TEST(AlignGpuBench, PrintsMicroseconds) {
   WNA16_REQUIRE_GPU();
+  // (Under a sanitizer one timed replay per case: the timings mean nothing there.)
+  const int replays = under_sanitizer() ? 1 : cuda::kAlignBenchReplays;
   std::printf("[align bench] largest cluster: %d CTAs\n", cuda::align_max_cluster_size());
   for (int n_cta : {1, 8, 16}) {
     if (n_cta > cuda::align_max_cluster_size()) continue;
     std::printf("[align bench] empty kernel, %d x 1024 threads, cluster: %.2f us\n", n_cta,
-                cuda::bench_align_noop_us(n_cta, true));
+                cuda::bench_align_noop_us(n_cta, true, replays));
   }
-  std::printf("[align bench] empty kernel, 1 x 1024 threads, plain: %.2f us\n", cuda::bench_align_noop_us(1, false));
+  std::printf("[align bench] empty kernel, 1 x 1024 threads, plain: %.2f us\n",
+              cuda::bench_align_noop_us(1, false, replays));
   struct Case { int E; int64_t n; int bm; };
   // (Under a sanitizer the timings mean nothing: two small cases, each tuning, checked outputs.)
   const std::vector<Case> bench_cases = cases<Case>(
@@ -434,7 +440,7 @@ TEST(AlignGpuBench, PrintsMicroseconds) {
     std::snprintf(label, sizeof label, "%d/%lld/%d", c.E, (long long)c.n, c.bm);
     std::printf("[align bench] %-22s", label);
     for (const auto& t : tunings) {
-      const double us = cuda::bench_align_us(c.E, c.n, c.bm, t);
+      const double us = cuda::bench_align_us(c.E, c.n, c.bm, t, replays);
       std::printf(" %19.2f", us);
       EXPECT_GT(us, 0.0);
     }

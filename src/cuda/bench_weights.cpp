@@ -150,7 +150,7 @@ MoeLayerWeights random_bench_layer(const MoeLayerSpec& spec, const QuantScheme& 
   w.router.resize(size_t(E) * size_t(H));
   const double rs = 1.0 / std::sqrt(double(H));
   // Exact in bf16, as the router of a real checkpoint is (the layer then keeps it in bf16).
-  for (auto& v : w.router) v = bf16_to_float(float_to_bf16(float(rng.normal() * rs)));
+  for (auto& v : w.router) v = round_to(DType::BF16, float(rng.normal() * rs));
   if (spec.routing.method == RoutingMethod::NoauxTc) {
     w.correction_bias.resize(size_t(E));
     // NOTE: small next to the sigmoid scores' spread (~0.2): a trained bias balances the load, and
@@ -168,7 +168,7 @@ MoeLayerWeights random_bench_layer(const MoeLayerSpec& spec, const QuantScheme& 
     add_expert_tasks(*w.shared, H, spec.shared_inter, mix(seed, 99), tasks);
     if (spec.shared_kind == SharedExpertKind::SigmoidGated) {
       w.shared_gate.resize(size_t(H));
-      for (auto& v : w.shared_gate) v = bf16_to_float(float_to_bf16(float(rng.normal() * rs)));
+      for (auto& v : w.shared_gate) v = round_to(DType::BF16, float(rng.normal() * rs));
     }
   }
 

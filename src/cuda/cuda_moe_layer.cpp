@@ -155,7 +155,7 @@ struct CudaMoeLayer::Impl {
     // The decode GEMMs' m-block handoff (GemmRun::mb_done): kHandoffSlots counters per m-block,
     // then the item counter; zeroed with the accumulator by the router launch (it directly
     // follows acc).
-    ws.handoff = take((ws.max_blocks * kHandoffSlots + 1) * 4);
+    ws.handoff = take((handoff_counters(ws.max_blocks) + 1) * 4);
     // Decode with shared slices: GEMM1's shared-slice K parts (GemmRun::pre_scratch / pre_count),
     // zeroed by the router too, where shared_slice_parts_pay says they pay.
     if (S > 0 && M <= kPreScratchMaxM && block_m == gemm_config_block_m(0) && shared_slice_parts_pay(g1, M)) {
@@ -474,7 +474,7 @@ void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) 
   const bool exact_bf16 = std::all_of(r.begin(), r.end(), [](float v) { return (float_to_bits(v) & 0xffffu) == 0; });
   if (exact_bf16 && !router_f32) {
     std::vector<uint16_t> rb(r.size());
-    std::transform(r.begin(), r.end(), rb.begin(), [](float v) { return uint16_t(float_to_bits(v) >> 16); });
+    std::transform(r.begin(), r.end(), rb.begin(), float_to_bf16);  // exact: the low halves are zero
     router.upload(rb);
     router_dtype = DType::BF16;
   } else {
@@ -659,7 +659,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail
   if (handoff) {
     r.mb_done_target = int(d.g1.NT / 2);
-    r.item_claim = reinterpret_cast<int32_t*>(ws + L.handoff) + L.max_blocks * kHandoffSlots;
+    r.item_claim = reinterpret_cast<int32_t*>(ws + L.handoff) + handoff_counters(L.max_blocks);
   }
   launch_moe_gemm(d.g2, r, st);
   stage_done("GEMM2 (down)", st);

@@ -209,6 +209,9 @@ int resident_blocks(int bits, int config, DType act);
 // A/B switch WNA16_HANDOFF_SLOTS=N (1..8, default 8): N slots (1: the whole m-block at once).
 constexpr int kHandoffSlots = 8;
 int handoff_pairs_per_slot(int64_t pairs);
+// The handoff block of a layer call: handoff_counters(max_blocks) counters (GemmRun::mb_done), then
+// GEMM2's item counter (GemmRun::item_claim) at that offset; all zero before GEMM1 starts.
+constexpr int64_t handoff_counters(int64_t max_blocks) { return max_blocks * kHandoffSlots; }
 // Whether the m-block handoff (GemmRun::mb_done) is expected to pay for GEMM1 run r1 of g1 (the
 // decode kernel; false for any other kernel): its work items (in the shape GEMM1 takes with the
 // handoff, which fills at least one round where it can) fill at least 9/10 of the resident blocks,

@@ -241,7 +241,7 @@ void run_gemm_case(const GemmCase& c) {
   r.x_kperm = r.out_kperm = c.kperm;
   // Handoff counters: kHandoffSlots per m-block, then GEMM2's item counter; poisoned past them.
   const int64_t nmb = al.num_tokens_post_padded / bm;
-  const int64_t n_counters = r.max_blocks * kHandoffSlots;
+  const int64_t n_counters = handoff_counters(r.max_blocks);
   DeviceArray d_handoff(size_t(n_counters + 2) * 4);
   std::vector<int32_t> handoff0(size_t(n_counters + 2), 0);
   handoff0.back() = 0x5eed;

@@ -34,6 +34,7 @@ struct LinearTask {
   QuantizedLinear* out;
   int64_t K, N;
   uint64_t seed;
+  uint64_t order_seed;  // act-order: the channel order's stream
 };
 
 void fill_linear(const LinearTask& t, const QuantScheme& s) {
@@ -81,9 +82,10 @@ void fill_linear(const LinearTask& t, const QuantScheme& s) {
   q.g_idx.clear();
   if (s.act_order && s.group_size != -1) {
     // GPTQ desc_act: channels quantized in a seeded random order; g_idx[perm[i]] = i / group_len.
+    Rng order(t.order_seed);
     std::vector<int32_t> perm(size_t(t.K));
     for (int64_t i = 0; i < t.K; ++i) perm[size_t(i)] = int32_t(i);
-    for (int64_t i = t.K - 1; i > 0; --i) std::swap(perm[size_t(i)], perm[size_t(rng.next() % uint64_t(i + 1))]);
+    for (int64_t i = t.K - 1; i > 0; --i) std::swap(perm[size_t(i)], perm[size_t(order.next() % uint64_t(i + 1))]);
     q.g_idx.resize(size_t(t.K));
     const int64_t gl = s.group_len(t.K);
     for (int64_t i = 0; i < t.K; ++i) q.g_idx[size_t(perm[size_t(i)])] = int32_t(i / gl);
@@ -91,10 +93,12 @@ void fill_linear(const LinearTask& t, const QuantScheme& s) {
   q.bias.clear();
 }
 
+// Gate and up share their channel order, as in GPTQ checkpoints: desc_act orders the channels by
+// the Hessian of the linear's input, and the two read the same input.
 void add_expert_tasks(ExpertWeights& e, int64_t H, int64_t I, uint64_t seed, std::vector<LinearTask>& tasks) {
-  tasks.push_back({&e.gate, H, I, mix(seed, 1)});
-  tasks.push_back({&e.up, H, I, mix(seed, 2)});
-  tasks.push_back({&e.down, I, H, mix(seed, 3)});
+  tasks.push_back({&e.gate, H, I, mix(seed, 1), mix(seed, 4)});
+  tasks.push_back({&e.up, H, I, mix(seed, 2), mix(seed, 4)});
+  tasks.push_back({&e.down, I, H, mix(seed, 3), mix(seed, 5)});
 }
 
 // Runs f(i) for i in [0, n) on all cores (dynamic scheduling).

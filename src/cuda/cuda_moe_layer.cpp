@@ -102,7 +102,7 @@ void stage_done(const char* what, cudaStream_t st) {
 
 struct Workspace {
   int64_t logits = 0, gate = 0, ids = 0, w = 0, ids2 = 0, w2 = 0, sorted = 0, eids = 0, ntpp = 0, inter = 0,
-          acc = 0, handoff = 0, pre_scratch = 0, pre_count = 0, zero_end = 0, xperm = 0, total = 0;
+          acc = 0, handoff = 0, pre_scratch = 0, pre_count = 0, zero_end = 0, xperm = 0, xgather = 0, total = 0;
   int64_t max_padded = 0, max_blocks = 0;
   bool has_pre_parts() const { return pre_count > pre_scratch; }  // the shared-slice parts' scratch
 };
@@ -128,7 +128,25 @@ struct CudaMoeLayer::Impl {
   DevBuf qw1, sc1, zr1, perm1, permup1, qw2, sc2, zr2, router, bias;
   DType router_dtype = DType::F32;  // F32 or BF16 (build)
   DeviceGemm g1, g2;
+  // Act-order with one k order per expert for gate and up (as GPTQ writes them: the two read the
+  // same input, whose Hessian orders the channels): x is gathered per slot in that order
+  // (launch_gather_slots) and GEMM1 runs g1_gathered, the same weights without the perm, on the
+  // kernels of plain checkpoints (the decode kernel with its handoff, the wgmma prefill kernel).
+  // Distinct gate and up orders keep the staged kernels' own gather.
+  DeviceGemm g1_gathered;
   size_t weight_bytes = 0;
+
+  // Whether a call of M tokens gathers x for GEMM1: act-order with one order per expert, and the
+  // gathered rows inside the kernels' 32-bit element index. A/B switch:
+  // WNA16_NO_ACT_ORDER_GATHER=1 (the staged kernels' gather).
+  bool gathers(int64_t M) const {
+    static const bool off = std::getenv("WNA16_NO_ACT_ORDER_GATHER") != nullptr;
+    return g1.perm && !g1.perm_up && !off && M * k2 * H + H < (int64_t(1) << 31);
+  }
+  // The routing's slot ids (kernel experts, shared slices included): [M, k2].
+  int32_t* slot_ids(char* ws, const Workspace& L) const {
+    return reinterpret_cast<int32_t*>(ws + (S > 0 ? L.ids2 : L.ids));
+  }
 
   Workspace layout(int64_t M, int block_m) const {
     Workspace ws;
@@ -163,8 +181,10 @@ struct CudaMoeLayer::Impl {
       ws.pre_count = take(pre_count_ints(M, S, g1.NT) * 4);
     }
     ws.zero_end = off;
-    // The k-permuted copy of x for the prefill kernel (config m144w, the largest m-blocks, only).
-    ws.xperm = block_m >= gemm_config_block_m(gemm_config_count() - 1) ? take(M * H * 2) : off;
+    // The k-permuted copy of x for the prefill kernel (config m144w, the largest m-blocks, only);
+    // with the act-order gather, x's rows per slot instead (k-permuted for m144w).
+    ws.xgather = gathers(M) ? take(slots * H * 2) : off;
+    ws.xperm = !gathers(M) && block_m >= gemm_config_block_m(gemm_config_count() - 1) ? take(M * H * 2) : off;
     ws.total = off;
     return ws;
   }
@@ -498,6 +518,8 @@ void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) 
   fill(g2, shape2, qw2, sc2, zr2);
   g1.perm = static_cast<const int32_t*>(perm1.p);
   g1.perm_up = static_cast<const int32_t*>(permup1.p);
+  g1_gathered = g1;
+  g1_gathered.perm = g1_gathered.perm_up = nullptr;
   weight_bytes = qw1.bytes + sc1.bytes + zr1.bytes + perm1.bytes + permup1.bytes + qw2.bytes + sc2.bytes + zr2.bytes +
                  router.bytes + bias.bytes;
 }
@@ -508,7 +530,7 @@ void CudaMoeLayer::Impl::check_call(const void* x, const void* out, int64_t M, D
     throw Error(std::string("activation dtype ") + dtype_name(act) + " is not supported by the CUDA layer (f16, bf16)");
   if (M < 0) throw Error(fmt::format("M={} is negative", M));
   if (M * k2 >= (int64_t(1) << 30)) throw Error(fmt::format("M={} tokens x {} slots is too large", M, k2));
-  *config = choose_gemm_config(M, k2, E2, g1.perm != nullptr || g1.perm_up != nullptr);
+  *config = choose_gemm_config(M, k2, E2, (g1.perm != nullptr && !gathers(M)) || g1.perm_up != nullptr);
   *L = layout(M, gemm_config_block_m(*config));
   if (M > 0 && (!x || !out)) throw Error("forward: x or out is null");
   if (size_t(L->total) > workspace_size || (M > 0 && !workspace))
@@ -534,7 +556,7 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   stage_done("router logits", st);
   if (diag_skip(2)) return;
   // With shared slices the routing writes [M, k + S] straight into ids2 / w2 (no append kernel).
-  auto* ids2 = reinterpret_cast<int32_t*>(ws + (S > 0 ? L.ids2 : L.ids));
+  int32_t* ids2 = slot_ids(ws, L);
   auto* w2 = reinterpret_cast<float*>(ws + (S > 0 ? L.w2 : L.w));
   // One token: the routing kernel writes the align tables too (one launch and one grid-completion
   // wait fewer before GEMM1). A/B switch: WNA16_NO_ROUTE_ALIGN=1.
@@ -612,15 +634,22 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   d.set_gemm1(r, x, ws, L);
   // Prefill (m144w): x and the intermediate travel k-permuted, so the kernel copies token rows
   // with one 16-byte copy instead of four 4-byte ones; the price is one more pass over x
-  // (launch_kperm_rows). A/B switch: WNA16_NO_PREFILL_KPERM=1.
+  // (launch_kperm_rows, or the act-order gather). A/B switch: WNA16_NO_PREFILL_KPERM=1.
   static const bool no_kperm = std::getenv("WNA16_NO_PREFILL_KPERM") != nullptr;
   const bool kperm = !no_kperm && gemm_config_takes_kperm(config);
-  if (kperm) {
+  const bool gather = d.gathers(M);
+  const DeviceGemm& gemm1 = gather ? d.g1_gathered : d.g1;
+  if (gather) {
+    launch_gather_slots(x, M, d.H, d.slot_ids(ws, L), d.k2, d.g1.perm, d.E2, ws + L.xgather, kperm, st);
+    stage_done("act-order gather", st);
+    r.x = ws + L.xgather;
+    r.x_per_slot = true;
+  } else if (kperm) {
     launch_kperm_rows(x, ws + L.xperm, M, d.H, st);
     stage_done("k-permuted x", st);
     r.x = ws + L.xperm;
-    r.x_kperm = r.out_kperm = true;
   }
+  if (kperm) r.x_kperm = r.out_kperm = true;
   // A programmatic dependent of the align step that waits for it first: its launch and start
   // overlap the align step's tail. A/B switch: WNA16_NO_GEMM1_PDL=1 (a plain launch).
   static const bool no_gemm1_pdl = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
@@ -629,7 +658,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   // tables known from M) before it waits for the align step: their weights stream while the
   // routing chain runs (GemmRun::pre_wait_slices). A/B switch: WNA16_NO_PRE_WAIT=1.
   static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
-  if (!no_pre_wait && r.wait_first && config == 0 && !d.g1.perm && !d.g1.perm_up) {
+  if (!no_pre_wait && r.wait_first && config == 0 && !d.g1.perm && !d.g1.perm_up) {  // x not gathered
     r.pre_wait_slices = d.S;
     if (uses_pre_parts(L)) {
       r.pre_scratch = reinterpret_cast<float*>(ws + L.pre_scratch);
@@ -642,14 +671,15 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   // switches: WNA16_NO_MB_HANDOFF=1 (never), WNA16_MB_HANDOFF=1 (wherever the kernels allow).
   static const bool no_handoff = std::getenv("WNA16_NO_MB_HANDOFF") != nullptr;
   static const bool always_handoff = std::getenv("WNA16_MB_HANDOFF") != nullptr;
-  const bool decode_both = config == 0 && !d.g1.perm && !d.g1.perm_up && !d.g2.perm;
-  const bool handoff = !no_handoff && decode_both && (always_handoff || mb_handoff_pays(d.g1, r));
+  const bool decode_both = config == 0 && !gemm1.perm && !gemm1.perm_up && !d.g2.perm;
+  const bool handoff = !no_handoff && decode_both && (always_handoff || mb_handoff_pays(gemm1, r));
   if (handoff) r.mb_done = reinterpret_cast<int32_t*>(ws + L.handoff);
-  launch_moe_gemm(d.g1, r, st);
+  launch_moe_gemm(gemm1, r, st);
   stage_done("GEMM1 (gate/up)", st);
   if (diag_skip(5)) return;
 
   r.wait_first = false;
+  r.x_per_slot = false;
   r.pre_wait_slices = 0;
   r.pre_scratch = nullptr;
   r.pre_count = nullptr;
@@ -658,7 +688,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);
   r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail
   if (handoff) {
-    r.mb_done_target = int(d.g1.NT / 2);
+    r.mb_done_target = int(gemm1.NT / 2);
     r.item_claim = reinterpret_cast<int32_t*>(ws + L.handoff) + handoff_counters(L.max_blocks);
   }
   launch_moe_gemm(d.g2, r, st);
@@ -693,13 +723,17 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
     runs.emplace_back(b, e - b);
     b = e;
   }
+  const bool gather = d.gathers(M);  // as forward(): the config was chosen for it
+  if (gather) launch_gather_slots(x, M, d.H, d.slot_ids(c.ws, L), d.k2, d.g1.perm, d.E2, c.ws + L.xgather, false, c.st);
   for (const auto& [b0, nb] : runs) {
-    d.set_gemm1(r, x, c.ws, L);
+    d.set_gemm1(r, gather ? c.ws + L.xgather : x, c.ws, L);
+    r.x_per_slot = gather;
     r.mb_begin = b0;
     r.mb_count = nb;
     r.splits = 1;
-    launch_moe_gemm(d.g1, r, c.st);
+    launch_moe_gemm(gather ? d.g1_gathered : d.g1, r, c.st);
   }
+  r.x_per_slot = false;
   for (const auto& [b0, nb] : runs) {
     d.set_gemm2(r, c.acc, c.w2, c.ws, L);
     r.mb_begin = b0;

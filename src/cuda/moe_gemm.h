@@ -110,6 +110,9 @@ struct GemmRun {
   int config = 0;                 // row of the tile table (gemm_config_block_m gives its BLOCK_M)
   const void* x = nullptr;        // act [rows, K]
   int64_t x_stride = 0;           // elements between rows
+  // SiluMul: x has one row per slot (an act-order gather's output, launch_gather_slots: already in
+  // each slot's expert's k order) instead of one per token; w then takes no perm.
+  bool x_per_slot = false;
   void* out = nullptr;            // SiluMul: act [max_padded, N/2]; WeightedSum: float [M, N]
   const float* topk_weights = nullptr;  // WeightedSum: [num_slots]
   int topk = 1;                   // slots per token

@@ -427,6 +427,9 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   if (r.pre_wait_slices > 0 && pre_wait_mblocks(r) * w.NT >= (int64_t(1) << 31))
     throw Error("pre_wait_slices=" + std::to_string(r.pre_wait_slices) + " with " + std::to_string(r.num_slots / r.topk) +
                 " tokens: the shared slices' work items exceed the kernel's 2^31 range");
+  if (r.x_per_slot && (r.epilogue != GemmEpilogue::SiluMul || r.pre_wait_slices != 0 || w.perm || w.perm_up))
+    throw Error("x_per_slot (x already gathered per slot) is for GEMM1 (SiluMul) without a perm of its own and "
+                "without shared slices ahead of the wait (pre_wait_slices=" + std::to_string(r.pre_wait_slices) + ")");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
     throw Error("gate/up GEMM N=" + std::to_string(w.N) + " (2*I) is not a multiple of 32");
   if (r.epilogue == GemmEpilogue::SiluMul && r.splits != 1)
@@ -439,8 +442,9 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     throw Error("launch_moe_gemm: a required device pointer is null");
   {
     // The staged and prefill kernels index x with 32-bit element offsets.
-    const int64_t x_rows = r.epilogue == GemmEpilogue::SiluMul ? r.num_slots / std::max(1, r.topk)
-                                                                : r.max_blocks * gemm_config_block_m(r.config);
+    const int64_t x_rows = r.epilogue != GemmEpilogue::SiluMul ? r.max_blocks * gemm_config_block_m(r.config)
+                           : r.x_per_slot                       ? r.num_slots
+                                                                : r.num_slots / std::max(1, r.topk);
     if (x_rows * r.x_stride + w.K >= (int64_t(1) << 31))
       throw Error("x of " + std::to_string(x_rows) + " rows x " + std::to_string(r.x_stride) +
                   " elements is above the kernels' 2^31 element index range");
@@ -473,7 +477,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.out = r.out;
   kp.out_stride = r.epilogue == GemmEpilogue::SiluMul ? w.N / 2 : w.N;
   kp.topk_weights = r.topk_weights;
-  kp.topk = r.topk;
+  kp.topk = r.x_per_slot ? 1 : r.topk;  // the kernels read x row slot / topk in GEMM1
   kp.num_slots = int(r.num_slots);
   kp.sorted_ids = r.sorted_ids;
   kp.expert_ids = r.expert_ids;

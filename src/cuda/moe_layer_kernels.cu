@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cuda/cuda_check.h"
+#include "cuda/moe_gemm.h"  // kperm_pos
 #include "cuda/moe_layer_kernels.h"
 #include "cuda/sm90_wna16_moe_gemm.cuh"  // gemm::Act<T>::mma
 #include "wna16/error.h"
@@ -396,6 +397,42 @@ __global__ void __launch_bounds__(kTileThreads)
     else gate_logit[m] = v;
   }
   cluster.sync();  // a CTA's shared memory must outlive the other CTAs' reads of it
+}
+
+// ---- act-order gather (launch_gather_slots) -------------------------------------------------------
+// Block (s, piece): kGatherPerThread elements of slot s's row per thread, all perm loads and then
+// all x loads in flight together (one chain of two round trips per block, short at one token).
+constexpr int kGatherThreads = 256;
+constexpr int kGatherPerThread = 8;
+constexpr int kGatherPiece = kGatherThreads * kGatherPerThread;  // elements of a row per block
+
+template <bool kKperm>
+__global__ void __launch_bounds__(kGatherThreads)
+    gather_slots_kernel(const uint16_t* __restrict__ x, int64_t H, const int32_t* __restrict__ ids, int k2,
+                        int n_perm, const int32_t* __restrict__ perm, uint16_t* __restrict__ out) {
+  // The next kernel (GEMM1) may get resident now; the slot ids come from the previous one.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  const int64_t s = blockIdx.x;
+  const int e = min(max(__ldg(ids + s), 0), n_perm - 1);  // ids are in range; a clamp costs nothing
+  const uint16_t* xr = x + (s / k2) * H;
+  const int32_t* pr = perm + int64_t(e) * H;
+  uint16_t* o = out + s * H;
+  const int64_t j0 = int64_t(blockIdx.y) * kGatherPiece + threadIdx.x;
+  int32_t src[kGatherPerThread];
+#pragma unroll
+  for (int i = 0; i < kGatherPerThread; ++i) {
+    const int64_t j = j0 + i * kGatherThreads;
+    src[i] = j < H ? __ldg(pr + j) : 0;
+  }
+  uint16_t v[kGatherPerThread];
+#pragma unroll
+  for (int i = 0; i < kGatherPerThread; ++i) v[i] = xr[min(max(src[i], 0), int(H - 1))];
+#pragma unroll
+  for (int i = 0; i < kGatherPerThread; ++i) {
+    const int64_t j = j0 + i * kGatherThreads;
+    if (j < H) o[kKperm ? kperm_pos(j) : j] = v[i];
+  }
 }
 
 // One thread per (row, 64-element chunk). kVec: 16-byte loads and stores of the chunk's 32 pairs
@@ -784,6 +821,34 @@ void launch_kperm_rows(const void* x, void* y, int64_t M, int64_t H, Stream stre
   else
     kperm_rows_kernel<false><<<grid_for(n_chunks, threads), threads, 0, s>>>(xs, ys, n_chunks);
   WNA16_CUDA_CHECK_LAUNCH();
+}
+
+void launch_gather_slots(const void* x, int64_t M, int64_t H, const int32_t* ids, int k2, const int32_t* perm,
+                         int n_perm, void* out, bool kperm, Stream stream) {
+  if (M < 0 || H < 1 || k2 < 1 || n_perm < 1)
+    throw Error("gather: M=" + std::to_string(M) + ", H=" + std::to_string(H) + ", k2=" + std::to_string(k2) +
+                " or n_perm=" + std::to_string(n_perm) + " is out of range");
+  if (kperm && H % 64 != 0) throw Error("gather: k-permuted rows need H (" + std::to_string(H) + ") a multiple of 64");
+  if (H > 0x7fffffff) throw Error("gather: H=" + std::to_string(H) + " exceeds the perm's 32-bit indices");
+  const int64_t slots = M * k2;
+  if (slots > 0x7fffffff) throw Error("gather: " + std::to_string(slots) + " slots exceed the grid");
+  if (slots == 0) return;
+  if (!x || !ids || !perm || !out) throw Error("gather: a null pointer among x, ids, perm, out");
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(slots), unsigned((H + kGatherPiece - 1) / kGatherPiece));
+  cfg.blockDim = dim3(kGatherThreads);
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const auto* xs = static_cast<const uint16_t*>(x);
+  auto* os = static_cast<uint16_t*>(out);
+  if (kperm)
+    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gather_slots_kernel<true>, xs, H, ids, k2, n_perm, perm, os));
+  else
+    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gather_slots_kernel<false>, xs, H, ids, k2, n_perm, perm, os));
 }
 
 void launch_cast_out(const float* acc, void* out, DType act, int64_t n, Stream stream) {

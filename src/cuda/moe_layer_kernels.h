@@ -48,6 +48,16 @@ void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, i
 // of 64, y 16-byte aligned; x may have any 2-byte alignment (16-byte aligned x takes 16-byte loads).
 void launch_kperm_rows(const void* x, void* y, int64_t M, int64_t H, Stream stream);
 
+// Act-order (GPTQ desc_act) activations, gathered once per call: out[s, j] = x[s / k2, perm[ids[s], j]]
+// for the M * k2 slots s, so that GEMM1 reads each slot's row in its expert's k order as plain rows
+// (GemmRun::x_per_slot) and needs no gather of its own. x: [M, H] (2-byte elements, any
+// alignment); ids: [M * k2] kernel expert ids in [0, n_perm); perm: [n_perm, H]; out: [M * k2, H],
+// at kperm_pos(j) instead of j with kperm (the prefill kernel's k-permuted rows, H a multiple of
+// 64). A programmatic dependent launch: it waits for the previous kernel (the routing chain) before
+// reading ids.
+void launch_gather_slots(const void* x, int64_t M, int64_t H, const int32_t* ids, int k2, const int32_t* perm,
+                         int n_perm, void* out, bool kperm, Stream stream);
+
 // out[i] = act(acc[i]) for i < n (n a multiple of 4). Launched with programmatic dependent launch
 // after the layer's GEMM2: it waits (griddepcontrol.wait) for the previous kernel before reading acc.
 void launch_cast_out(const float* acc, void* out, DType act, int64_t n, Stream stream);

@@ -135,6 +135,47 @@ TEST(CudaLayer, ActOrder) {
   check_layer(s, scheme_of(Format::GptqV1, 8, 128, true, true), DType::BF16, {17});
 }
 
+// GPTQ act-order with one channel order per expert for gate and up, as real checkpoints have it
+// (desc_act orders channels by the Hessian of the linear's input, which gate and up share): x is
+// gathered per slot (launch_gather_slots) and GEMM1 runs the kernels of plain checkpoints (the
+// decode kernel with its handoff, the wgmma prefill kernel on k-permuted rows) at every M, with
+// shared experts, and in the per-expert loop. ActOrder above keeps distinct gate/up orders.
+MoeLayerWeights one_order_per_expert(MoeLayerWeights w) {
+  for (ExpertWeights& e : w.experts) e.up.g_idx = e.gate.g_idx;
+  if (w.shared) w.shared->up.g_idx = w.shared->gate.g_idx;
+  return w;
+}
+
+TEST(CudaLayer, ActOrderGatheredPerSlot) {
+  WNA16_REQUIRE_GPU();
+  auto check = [](const MoeLayerSpec& s, const QuantScheme& q, DType act, std::vector<int64_t> Ms, uint64_t seed) {
+    SCOPED_TRACE(s.name + " " + q.describe() + " " + dtype_name(act));
+    const MoeLayerWeights w = one_order_per_expert(random_layer(s, q, seed));
+    ASSERT_FALSE(w.experts[0].gate.g_idx.empty());
+    const CudaMoeLayer layer(s, w);
+    for (int64_t M : Ms)
+      EXPECT_LT(layer_error(s, w, layer, act, M, seed * 1000 + uint64_t(M)), layer_tolerance(act)) << "M=" << M;
+    for (int64_t M : {int64_t(1), int64_t(118)})
+      EXPECT_LT(layer_error(s, w, layer, act, M, seed + uint64_t(M), Path::PerExpertLoop), layer_tolerance(act))
+          << "per-expert loop, M=" << M;
+  };
+  const MoeLayerSpec small = preset("small");
+  check(small, scheme_of(Format::GptqV1, 4, 64, true, true), DType::BF16, {1, 3, 17, 118, 1024, 4096}, 11);
+  check(small, scheme_of(Format::GptqV2, 4, 32, false, true), DType::F16, {1, 118}, 12);
+  check(small, scheme_of(Format::GptqV1, 8, 128, true, true), DType::BF16, {1, 17, 1024}, 13);
+  MoeLayerSpec v2 = spec_of("dsv2-lite-like", 256, 128, 64, 6);
+  v2.routing.method = RoutingMethod::GroupLimitedGreedy;
+  v2.routing.n_group = 8;
+  v2.routing.topk_group = 3;
+  v2.shared_kind = SharedExpertKind::Plain;
+  v2.shared_inter = 256;
+  check(v2, scheme_of(Format::GptqV1, 4, 128, true, true), DType::BF16, {1, 17, 118}, 14);
+  MoeLayerSpec q = spec_of("qwen1.5-like", 256, 128, 60, 4);
+  q.shared_kind = SharedExpertKind::SigmoidGated;
+  q.shared_inter = 512;
+  check(q, scheme_of(Format::GptqV1, 4, 128, false, true), DType::F16, {1, 3}, 15);
+}
+
 TEST(CudaLayer, DeepSeekV3Routing256Experts) {
   WNA16_REQUIRE_GPU();
   MoeLayerSpec s = spec_of("dsv3-like", 256, 128, 256, 8);

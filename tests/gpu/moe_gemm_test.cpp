@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -614,6 +615,56 @@ TEST(MoeGemm, KpermRowsKernel) {
     EXPECT_EQ(bad, 0) << "shift " << shift;
   }
   EXPECT_THROW(cuda::launch_kperm_rows(dx.p, dy.p, M, 100, nullptr), Error);
+}
+
+// The act-order gather (launch_gather_slots): out[s, j] = x[s / k2, perm[ids[s], j]], at
+// kperm_pos(j) for the prefill kernel's rows, from x with 2-byte alignment only, for rows longer
+// than one block's piece; refusals name the value.
+TEST(MoeGemm, GatherSlotsKernel) {
+  WNA16_REQUIRE_GPU();
+  const int64_t M = 5, H = 2496;  // two pieces of 2048 per row, the second partial
+  const int k2 = 3, n_perm = 7;
+  std::mt19937_64 rng(5);
+  std::vector<uint16_t> x(size_t(M * H + 1));
+  for (auto& v : x) v = uint16_t(rng());
+  std::vector<int32_t> ids(size_t(M * k2)), perm(size_t(n_perm * H));
+  for (auto& v : ids) v = int32_t(rng() % n_perm);
+  for (int e = 0; e < n_perm; ++e) {
+    int32_t* p = perm.data() + e * H;
+    std::iota(p, p + H, 0);
+    std::shuffle(p, p + H, rng);
+  }
+  DeviceArray dx(x.size() * 2), dids(ids.size() * 4), dperm(perm.size() * 4), dout(size_t(M * k2 * H) * 2);
+  dx.put(x);
+  dids.put(ids);
+  dperm.put(perm);
+  for (const bool kperm : {false, true})
+    for (int64_t shift : {0, 1}) {
+      CUDA_OK(cudaMemset(dout.p, 0xA5, size_t(M * k2 * H) * 2));
+      cuda::launch_gather_slots(static_cast<const uint16_t*>(dx.p) + shift, M, H, static_cast<const int32_t*>(dids.p),
+                                k2, static_cast<const int32_t*>(dperm.p), n_perm, dout.p, kperm, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> out = dout.get<uint16_t>(size_t(M * k2 * H));
+      int64_t bad = 0;
+      for (int64_t sl = 0; sl < M * k2; ++sl)
+        for (int64_t j = 0; j < H; ++j) {
+          const uint16_t want = x[size_t((sl / k2) * H + perm[size_t(ids[size_t(sl)] * H + j)] + shift)];
+          bad += out[size_t(sl * H + (kperm ? kperm_pos(j) : j))] != want;
+        }
+      EXPECT_EQ(bad, 0) << "kperm " << kperm << " shift " << shift;
+    }
+  auto refusal = [&](int64_t m, int64_t h, int k, bool kp) {
+    try {
+      cuda::launch_gather_slots(dx.p, m, h, static_cast<const int32_t*>(dids.p), k, static_cast<const int32_t*>(dperm.p),
+                                n_perm, dout.p, kp, nullptr);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<accepted>");
+  };
+  EXPECT_NE(refusal(M, 100, k2, true).find("H (100)"), std::string::npos);
+  EXPECT_NE(refusal(M, H, 0, false).find("k2=0"), std::string::npos);
+  EXPECT_NE(refusal(-1, H, k2, false).find("M=-1"), std::string::npos);
 }
 
 // The WNA16_DECODE_KW switch's parser (host-only): one pin for both GEMMs or one each; anything

@@ -3,6 +3,7 @@
 //   router logits (fp32; also zeroes out_f32; plain launch)
 //   -> routing (also appends the shared-expert slots) -> align (route_and_align; for one token
 //      the routing kernel writes the align tables itself); programmatic dependent launches
+//   -> act-order only: x gathered per slot in each slot's expert's k order (launch_gather_slots)
 //   -> GEMM1 (gate/up, SiLU*up, intermediate in act dtype; a programmatic dependent of align that
 //      waits for it first, but at decode runs the shared slices' m-blocks before that wait)
 //   -> GEMM2 (x routing weight, fp32 atomics into out_f32: the top-k sum and split-K partials;

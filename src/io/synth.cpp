@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 #include <random>
 
 #include "io/json_util.h"
@@ -154,8 +155,21 @@ class Writer {
     return v;
   }
 
-  // A quantized linear K -> N with HF tensor names under `module`.
-  void linear(const std::string& module, int64_t K, int64_t N) {
+  // With --desc-act, a channel order for linears that read the same input: GPTQ orders a linear's
+  // input channels by the Hessian of its input, so gate and up (w1 and w3) share one order. Empty
+  // without act-order.
+  std::vector<int32_t> input_order(int64_t K) {
+    std::vector<int32_t> p;
+    if (!o_.desc_act) return p;
+    p.resize(size_t(K));
+    std::iota(p.begin(), p.end(), 0);
+    for (int64_t i = K - 1; i > 0; --i) std::swap(p[size_t(i)], p[size_t(rng_() % uint64_t(i + 1))]);
+    return p;
+  }
+
+  // A quantized linear K -> N with HF tensor names under `module`; order: its act-order channel
+  // order (input_order), else one of its own.
+  void linear(const std::string& module, int64_t K, int64_t N, const std::vector<int32_t>& order = {}) {
     QuantScheme s;
     s.format = o_.format;
     s.bits = o_.bits;
@@ -164,7 +178,7 @@ class Writer {
     s.act_order = o_.desc_act;
     QuantizedLinear q;
     try {
-      q = quantize(normal(size_t(K * N), 1.0 / std::sqrt(double(K))), K, N, s, rng_());
+      q = quantize(normal(size_t(K * N), 1.0 / std::sqrt(double(K))), K, N, s, rng_(), order.empty() ? nullptr : &order);
     } catch (const Error& e) {
       throw Error("synth: " + module + " (K=" + std::to_string(K) + ", N=" + std::to_string(N) + ", " + s.describe() +
                   "): " + e.what());
@@ -225,8 +239,9 @@ SynthResult synth_checkpoint(const SynthOptions& o) {
   for (int64_t L = 0; L < o.layers; ++L) {
     const std::string p = cfg.mlp_prefix(L);
     if (!cfg.is_moe(L)) {
-      w.linear(p + ".gate_proj", s.hidden, s.dense_inter);
-      w.linear(p + ".up_proj", s.hidden, s.dense_inter);
+      const std::vector<int32_t> order = w.input_order(s.hidden);
+      w.linear(p + ".gate_proj", s.hidden, s.dense_inter, order);
+      w.linear(p + ".up_proj", s.hidden, s.dense_inter, order);
       w.linear(p + ".down_proj", s.dense_inter, s.hidden);
       continue;
     }
@@ -241,20 +256,22 @@ SynthResult synth_checkpoint(const SynthOptions& o) {
     for (int e = 0; e < s.experts; ++e) {
       const std::string ep = p + ".experts." + std::to_string(e) + ".";
       // Module order of the torch state dict: Mixtral w1, w2, w3; the others gate, up, down.
+      const std::vector<int32_t> order = w.input_order(spec.hidden);
       if (mixtral) {
-        w.linear(ep + "w1", spec.hidden, spec.inter);
+        w.linear(ep + "w1", spec.hidden, spec.inter, order);
         w.linear(ep + "w2", spec.inter, spec.hidden);
-        w.linear(ep + "w3", spec.hidden, spec.inter);
+        w.linear(ep + "w3", spec.hidden, spec.inter, order);
       } else {
-        w.linear(ep + "gate_proj", spec.hidden, spec.inter);
-        w.linear(ep + "up_proj", spec.hidden, spec.inter);
+        w.linear(ep + "gate_proj", spec.hidden, spec.inter, order);
+        w.linear(ep + "up_proj", spec.hidden, spec.inter, order);
         w.linear(ep + "down_proj", spec.inter, spec.hidden);
       }
     }
     if (spec.shared_kind != SharedExpertKind::None) {
       const std::string sp = p + (o.arch == Arch::Qwen2Moe ? ".shared_expert." : ".shared_experts.");
-      w.linear(sp + "gate_proj", spec.hidden, spec.shared_inter);
-      w.linear(sp + "up_proj", spec.hidden, spec.shared_inter);
+      const std::vector<int32_t> order = w.input_order(spec.hidden);
+      w.linear(sp + "gate_proj", spec.hidden, spec.shared_inter, order);
+      w.linear(sp + "up_proj", spec.hidden, spec.shared_inter, order);
       w.linear(sp + "down_proj", spec.shared_inter, spec.hidden);
     }
     if (spec.shared_kind == SharedExpertKind::SigmoidGated)

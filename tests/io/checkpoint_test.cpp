@@ -114,6 +114,12 @@ TEST_P(LoadMatchesRawBytes, EveryLinearOfOneExpertAndTheSharedExpert) {
     for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[i];
     EXPECT_EQ(bad, 0u) << "elements differing from the independent decode of the file bytes";
   }
+  // Act-order as GPTQ writes it: gate and up read the same input, so they share one channel order
+  // (g_idx); down has its own.
+  if (c.desc_act && c.format != Format::Awq) {
+    EXPECT_EQ(w.experts[e].gate.g_idx, w.experts[e].up.g_idx);
+    if (w.shared) EXPECT_EQ(w.shared->gate.g_idx, w.shared->up.g_idx);
+  }
   // Router [E, H] exactly the file's fp16 values, in torch layout.
   auto rt = ck.tensors().find(pre + ".gate.weight");
   EXPECT_EQ(w.router, read_floats(*rt.file, *rt.info));

@@ -659,7 +659,8 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   // tables known from M) before it waits for the align step: their weights stream while the
   // routing chain runs (GemmRun::pre_wait_slices). A/B switch: WNA16_NO_PRE_WAIT=1.
   static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
-  if (!no_pre_wait && r.wait_first && config == 0 && !d.g1.perm && !d.g1.perm_up) {  // x not gathered
+  // Not with act-order: its x rows are gathered only after the routing.
+  if (!no_pre_wait && r.wait_first && config == 0 && !d.g1.perm && !d.g1.perm_up) {
     r.pre_wait_slices = d.S;
     if (uses_pre_parts(L)) {
       r.pre_scratch = reinterpret_cast<float*>(ws + L.pre_scratch);

@@ -118,7 +118,9 @@ TEST_P(LoadMatchesRawBytes, EveryLinearOfOneExpertAndTheSharedExpert) {
   // (g_idx); down has its own.
   if (c.desc_act && c.format != Format::Awq) {
     EXPECT_EQ(w.experts[e].gate.g_idx, w.experts[e].up.g_idx);
-    if (w.shared) EXPECT_EQ(w.shared->gate.g_idx, w.shared->up.g_idx);
+    if (w.shared) {
+      EXPECT_EQ(w.shared->gate.g_idx, w.shared->up.g_idx);
+    }
   }
   // Router [E, H] exactly the file's fp16 values, in torch layout.
   auto rt = ck.tensors().find(pre + ".gate.weight");

@@ -94,4 +94,8 @@ std::vector<double> dequantize(const QuantizedLinear& w);
 QuantizedLinear quantize(const std::vector<float>& w, int64_t K, int64_t N, const QuantScheme& scheme,
                          uint64_t seed = 0, const std::vector<int32_t>* perm = nullptr);
 
+// A permutation of [0, K) drawn from seed, the same on every standard library: the channel order
+// quantize gives an act-order scheme when no perm is passed.
+std::vector<int32_t> seeded_perm(int64_t K, uint64_t seed);
+
 }  // namespace wna16

@@ -41,6 +41,8 @@ float f16_round_up(double x, int64_t g, int64_t n) {
   return f16_to_float(h);
 }
 
+}  // namespace
+
 // Fisher-Yates on a 64-bit Mersenne Twister: reproducible across standard libraries, unlike
 // std::shuffle / std::uniform_int_distribution.
 std::vector<int32_t> seeded_perm(int64_t K, uint64_t seed) {
@@ -53,8 +55,6 @@ std::vector<int32_t> seeded_perm(int64_t K, uint64_t seed) {
   }
   return p;
 }
-
-}  // namespace
 
 QuantizedLinear quantize(const std::vector<float>& w, int64_t K, int64_t N, const QuantScheme& scheme, uint64_t seed,
                          const std::vector<int32_t>* perm) {

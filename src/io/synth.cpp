@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <numeric>
 #include <random>
 
 #include "io/json_util.h"
@@ -159,12 +158,7 @@ class Writer {
   // input channels by the Hessian of its input, so gate and up (w1 and w3) share one order. Empty
   // without act-order.
   std::vector<int32_t> input_order(int64_t K) {
-    std::vector<int32_t> p;
-    if (!o_.desc_act) return p;
-    p.resize(size_t(K));
-    std::iota(p.begin(), p.end(), 0);
-    for (int64_t i = K - 1; i > 0; --i) std::swap(p[size_t(i)], p[size_t(rng_() % uint64_t(i + 1))]);
-    return p;
+    return o_.desc_act ? seeded_perm(K, rng_()) : std::vector<int32_t>{};
   }
 
   // A quantized linear K -> N with HF tensor names under `module`; order: its act-order channel

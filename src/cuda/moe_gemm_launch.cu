@@ -477,7 +477,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.out = r.out;
   kp.out_stride = r.epilogue == GemmEpilogue::SiluMul ? w.N / 2 : w.N;
   kp.topk_weights = r.topk_weights;
-  kp.topk = r.x_per_slot ? 1 : r.topk;  // the kernels read x row slot / topk in GEMM1
+  kp.topk = r.topk;
+  kp.x_div = r.x_per_slot ? 1 : r.topk;
   kp.num_slots = int(r.num_slots);
   kp.sorted_ids = r.sorted_ids;
   kp.expert_ids = r.expert_ids;

@@ -23,6 +23,8 @@ class CudaMoeLayer {
   // Bytes of device workspace forward() needs for up to max_m tokens (queryable, explicit).
   size_t workspace_bytes(int64_t max_m) const;
   // x, out: device [M, H] of act (F16 or BF16). workspace: device, >= workspace_bytes(M) bytes.
+  // All three 16-byte aligned (as cudaMalloc and any row of a PyTorch tensor give them); a
+  // misaligned one is refused (Error) before anything is launched.
   void forward(const void* x, void* out, int64_t M, DType act, void* workspace, size_t workspace_size,
                Stream stream) const;
   // Baseline for the benchmark only: the same math with one GEMM launch per expert that received

@@ -23,12 +23,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <numeric>
 #include <thread>
+#include <utility>
 
 #include "cuda/cuda_check.h"
 #include "cuda/moe_gemm.h"
@@ -147,6 +149,12 @@ struct CudaMoeLayer::Impl {
   // The routing's slot ids (kernel experts, shared slices included): [M, k2].
   int32_t* slot_ids(char* ws, const Workspace& L) const {
     return reinterpret_cast<int32_t*>(ws + (S > 0 ? L.ids2 : L.ids));
+  }
+  // When gathers(M): x gathered per slot into the workspace (k-permuted for the prefill kernel
+  // with kperm), after the routing chain; GEMM1 then reads these rows (GemmRun::x_per_slot).
+  const void* gather_x(const void* x, int64_t M, char* ws, const Workspace& L, bool kperm, cudaStream_t st) const {
+    launch_gather_slots(x, M, H, slot_ids(ws, L), k2, g1.perm, E2, ws + L.xgather, kperm, st);
+    return ws + L.xgather;
   }
 
   Workspace layout(int64_t M, int block_m) const {
@@ -537,6 +545,11 @@ void CudaMoeLayer::Impl::check_call(const void* x, const void* out, int64_t M, D
   if (size_t(L->total) > workspace_size || (M > 0 && !workspace))
     throw Error(fmt::format("forward: workspace of {} bytes is smaller than the {} bytes needed for M={}",
                             workspace_size, L->total, M));
+  // The kernels move 16-byte vectors (cp.async, tensor maps) through x, out and the workspace: an
+  // address off that grid would fault on the device instead of failing here.
+  for (auto [name, p] : {std::pair<const char*, const void*>{"x", x}, {"out", out}, {"workspace", workspace}})
+    if (M > 0 && reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      throw Error(fmt::format("forward: {} at {} is not 16-byte aligned", name, p));
 }
 
 // Router logits (plain launch: fully ordered after whatever came before, which may still read the
@@ -641,9 +654,8 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   const bool gather = d.gathers(M);
   const DeviceGemm& gemm1 = gather ? d.g1_gathered : d.g1;
   if (gather) {
-    launch_gather_slots(x, M, d.H, d.slot_ids(ws, L), d.k2, d.g1.perm, d.E2, ws + L.xgather, kperm, st);
+    r.x = d.gather_x(x, M, ws, L, kperm, st);
     stage_done("act-order gather", st);
-    r.x = ws + L.xgather;
     r.x_per_slot = true;
   } else if (kperm) {
     launch_kperm_rows(x, ws + L.xperm, M, d.H, st);
@@ -726,9 +738,9 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
     b = e;
   }
   const bool gather = d.gathers(M);  // as forward(): the config was chosen for it
-  if (gather) launch_gather_slots(x, M, d.H, d.slot_ids(c.ws, L), d.k2, d.g1.perm, d.E2, c.ws + L.xgather, false, c.st);
+  const void* x1 = gather ? d.gather_x(x, M, c.ws, L, false, c.st) : x;
   for (const auto& [b0, nb] : runs) {
-    d.set_gemm1(r, gather ? c.ws + L.xgather : x, c.ws, L);
+    d.set_gemm1(r, x1, c.ws, L);
     r.x_per_slot = gather;
     r.mb_begin = b0;
     r.mb_count = nb;

@@ -81,13 +81,15 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order) {
   if (per_expert <= decode_max && !act_order) return 0;
   if (per_expert <= 8.0) return 0;
   if (per_expert <= 40.0) return 1;
-  // The wgmma kernel (144-token m-blocks) once an expert fills most of one; it has no act-order
-  // gather. NOTE: 96 is a starting point, to be tuned on the GPU. A/B and tuning switches:
-  // WNA16_NO_WGMMA_PREFILL (never m144w), WNA16_PREFILL_MIN_TOKENS=<tokens per expert>.
+  // The wgmma kernel (144-token m-blocks) from 48 tokens per expert; it has no act-order gather.
+  // Measured against the staged kernel (H200, docs/perf.md session 16): Mixtral M=256 (64 per
+  // expert) 1048 against 1127 us, Qwen3-30B-A3B M=1024 (64) and Qwen1.5-MoE M=1024 (68) level;
+  // 40-64 tokens per expert were not measured. A/B and tuning switches: WNA16_NO_WGMMA_PREFILL
+  // (never m144w), WNA16_PREFILL_MIN_TOKENS=<tokens per expert> (96 until session 16).
   static const bool no_wgmma = std::getenv("WNA16_NO_WGMMA_PREFILL") != nullptr;
   static const double min_tokens = [] {
     const char* v = std::getenv("WNA16_PREFILL_MIN_TOKENS");
-    return v && *v ? std::atof(v) : 96.0;
+    return v && *v ? std::atof(v) : 48.0;
   }();
   if (per_expert >= min_tokens && !act_order && !no_wgmma) return kConfigM144W;
   return 2;
@@ -477,7 +479,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.out = r.out;
   kp.out_stride = r.epilogue == GemmEpilogue::SiluMul ? w.N / 2 : w.N;
   kp.topk_weights = r.topk_weights;
-  kp.topk = r.x_per_slot ? 1 : r.topk;  // the kernels read x row slot / topk in GEMM1
+  kp.topk = r.topk;
+  kp.x_div = r.x_per_slot ? 1 : r.topk;
   kp.num_slots = int(r.num_slots);
   kp.sorted_ids = r.sorted_ids;
   kp.expert_ids = r.expert_ids;

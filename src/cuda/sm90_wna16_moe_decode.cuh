@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
     const T* xrow = nullptr;
     if (my_slot >= 0) {
-      const int64_t src = p.epilogue == 0 ? my_slot / p.topk : int64_t(mb) * kDecodeBM + g;
+      const int64_t src = p.epilogue == 0 ? my_slot / p.x_div : int64_t(mb) * kDecodeBM + g;
       xrow = x + src * p.x_stride + 16 * tig;
     }
 

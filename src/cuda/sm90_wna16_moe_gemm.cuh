@@ -271,7 +271,8 @@ struct KParams {
   void* out;
   int64_t out_stride;
   const float* topk_weights;
-  int topk;
+  int topk;                 // slots per token
+  int x_div;                // SiluMul: x row = slot / x_div (topk; 1 when x holds one row per slot)
   int num_slots;
   const int32_t* sorted_ids;
   const int32_t* expert_ids;
@@ -343,7 +344,7 @@ __device__ __forceinline__ int fill_row_tables(const KParams& p, int mb, int tid
     const int slot = __ldg(p.sorted_ids + int64_t(mb) * BM + tid);
     is_valid = slot >= 0 && slot < p.num_slots;
     s_slot[tid] = is_valid ? slot : -1;
-    s_src[tid] = !is_valid ? -1 : (p.epilogue == 0 ? slot / p.topk : mb * BM + tid);
+    s_src[tid] = !is_valid ? -1 : (p.epilogue == 0 ? slot / p.x_div : mb * BM + tid);
     if (p.epilogue != 0) {
       s_orow[tid] = is_valid ? slot / p.topk : -1;
       s_wt[tid] = is_valid ? __ldg(p.topk_weights + slot) : 0.f;

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "wna16/backend.h"
@@ -52,16 +53,18 @@ Inputs random_inputs(int64_t M, int64_t H, DType act, uint64_t seed) {
 enum class Path { Fused, PerExpertLoop };
 
 // Runs the layer on fresh inputs with a NaN-poisoned output; returns the relative error.
+// x_offset: bytes from an allocation's start to x (a multiple of 16).
 double layer_error(const MoeLayerSpec& spec, const MoeLayerWeights& w, const CudaMoeLayer& layer, DType act, int64_t M,
-                   uint64_t seed, Path path = Path::Fused) {
+                   uint64_t seed, Path path = Path::Fused, size_t x_offset = 0) {
   const int64_t H = spec.hidden;
   const Inputs in = random_inputs(M, H, act, seed);
   const std::vector<double> ref = moe_reference(spec, w, in.xf.data(), M);
-  Dev x(in.x.size() * 2), out(in.x.size() * 2), ws(layer.workspace_bytes(M));
-  cudaMemcpy(x.p, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice);
+  Dev xa(in.x.size() * 2 + x_offset), out(in.x.size() * 2), ws(layer.workspace_bytes(M));
+  void* x = static_cast<char*>(xa.p) + x_offset;
+  cudaMemcpy(x, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice);
   cudaMemset(out.p, 0xFF, in.x.size() * 2);
-  if (path == Path::Fused) layer.forward(x.p, out.p, M, act, ws.p, layer.workspace_bytes(M), nullptr);
-  else layer.forward_per_expert_loop(x.p, out.p, M, act, ws.p, layer.workspace_bytes(M), nullptr);
+  if (path == Path::Fused) layer.forward(x, out.p, M, act, ws.p, layer.workspace_bytes(M), nullptr);
+  else layer.forward_per_expert_loop(x, out.p, M, act, ws.p, layer.workspace_bytes(M), nullptr);
   if (cudaDeviceSynchronize() != cudaSuccess) return INFINITY;
   std::vector<uint16_t> o(in.x.size());
   cudaMemcpy(o.data(), out.p, o.size() * 2, cudaMemcpyDeviceToHost);
@@ -398,6 +401,30 @@ TEST(CudaLayer, RefusesUnsupportedValuesBeforeLaunch) {
     EXPECT_NE(msg.find("workspace of 16 bytes"), std::string::npos) << msg;
     const std::string m2 = error_of([&] { l.forward(x.p, out.p, 4, DType::F32, ws.p, 16, nullptr); });
     EXPECT_NE(m2.find("f32"), std::string::npos) << m2;
+  }
+  {
+    // Misaligned x, out or workspace: refused naming the pointer, before any launch.
+    const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 1);
+    const CudaMoeLayer l(s, w);
+    const size_t wsb = l.workspace_bytes(1);
+    Dev x(256 * 2 + 16), out(256 * 2 + 16), ws(wsb + 16);
+    char* xc = static_cast<char*>(x.p);
+    char* oc = static_cast<char*>(out.p);
+    char* wc = static_cast<char*>(ws.p);
+    using Args = std::tuple<char*, char*, char*, std::string>;
+    for (const Args& a : std::vector<Args>{{xc + 2, oc, wc, "x"}, {xc, oc + 8, wc, "out"}, {xc, oc, wc + 4, "workspace"}}) {
+      char *xp = std::get<0>(a), *op = std::get<1>(a), *wp = std::get<2>(a);
+      const std::string& name = std::get<3>(a);
+      const std::string msg = error_of([&] { l.forward(xp, op, 1, DType::BF16, wp, wsb, nullptr); });
+      EXPECT_NE(msg.find(name + " at "), std::string::npos) << msg;
+      EXPECT_NE(msg.find("16-byte aligned"), std::string::npos) << msg;
+      const std::string loop =
+          error_of([&] { l.forward_per_expert_loop(xp, op, 1, DType::BF16, wp, wsb, nullptr); });
+      EXPECT_NE(loop.find(name + " at "), std::string::npos) << loop;
+    }
+    // A 16-byte offset is accepted and computes the layer.
+    EXPECT_LT(layer_error(s, w, l, DType::BF16, 1, 5, Path::Fused, 16), layer_tolerance(DType::BF16));
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
 }
 

@@ -81,15 +81,17 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order) {
   if (per_expert <= decode_max && !act_order) return 0;
   if (per_expert <= 8.0) return 0;
   if (per_expert <= 40.0) return 1;
-  // The wgmma kernel (144-token m-blocks) from 48 tokens per expert; it has no act-order gather.
-  // Measured against the staged kernel (H200, docs/perf.md session 16): Mixtral M=256 (64 per
-  // expert) 1048 against 1127 us, Qwen3-30B-A3B M=1024 (64) and Qwen1.5-MoE M=1024 (68) level;
-  // 40-64 tokens per expert were not measured. A/B and tuning switches: WNA16_NO_WGMMA_PREFILL
-  // (never m144w), WNA16_PREFILL_MIN_TOKENS=<tokens per expert> (96 until session 16).
+  // The wgmma kernel (144-token m-blocks) from 64 tokens per expert; it has no act-order gather.
+  // Measured against the staged kernel (H200, docs/perf.md session 16), us staged / wgmma: at 64-72
+  // tokens per expert faster or level (Mixtral M=256 1127 / 1048; DeepSeek-V2-Lite M=720 608 /
+  // 561, M=768 657 / 571; Qwen3-30B-A3B M=1024 541 / 537; Qwen1.5-MoE M=1024 655 / 654), at 48-52
+  // slower (Mixtral M=208 929 / 1010; Qwen3 M=768 391 / 496; DeepSeek-V2-Lite M=512 431 / 492).
+  // A/B and tuning switches: WNA16_NO_WGMMA_PREFILL (never m144w), WNA16_PREFILL_MIN_TOKENS=<tokens
+  // per expert> (96 until session 16).
   static const bool no_wgmma = std::getenv("WNA16_NO_WGMMA_PREFILL") != nullptr;
   static const double min_tokens = [] {
     const char* v = std::getenv("WNA16_PREFILL_MIN_TOKENS");
-    return v && *v ? std::atof(v) : 48.0;
+    return v && *v ? std::atof(v) : 64.0;
   }();
   if (per_expert >= min_tokens && !act_order && !no_wgmma) return kConfigM144W;
   return 2;

@@ -483,7 +483,7 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
   ASSERT_GE(config, 0);
   if (!std::getenv("WNA16_NO_WGMMA_PREFILL") && !std::getenv("WNA16_PREFILL_MIN_TOKENS")) {
     EXPECT_EQ(choose_gemm_config(4096, 8, 256, false), config);  // DeepSeek-V3 prefill: ~128 per expert
-    EXPECT_EQ(choose_gemm_config(256, 2, 8, false), config);     // Mixtral: 64 per expert (from 64)
+    EXPECT_EQ(choose_gemm_config(256, 2, 8, false), config);     // Mixtral: 64 per expert, the bound
     EXPECT_NE(choose_gemm_config(208, 2, 8, false), config);     // 52 per expert: the staged kernel
   }
   EXPECT_NE(choose_gemm_config(4096, 8, 256, true), config);

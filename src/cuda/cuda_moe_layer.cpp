@@ -151,10 +151,25 @@ struct CudaMoeLayer::Impl {
     return reinterpret_cast<int32_t*>(ws + (S > 0 ? L.ids2 : L.ids));
   }
   // When gathers(M): x gathered per slot into the workspace (k-permuted for the prefill kernel
-  // with kperm), after the routing chain; GEMM1 then reads these rows (GemmRun::x_per_slot).
-  const void* gather_x(const void* x, int64_t M, char* ws, const Workspace& L, bool kperm, cudaStream_t st) const {
-    launch_gather_slots(x, M, H, slot_ids(ws, L), k2, g1.perm, E2, ws + L.xgather, kperm, st);
+  // with kperm), after the routing chain; GEMM1 then reads these rows (GemmRun::x_per_slot). Each
+  // token's slots [0, j_end) (default all; the routed ones when shared_rows_first).
+  const void* gather_x(const void* x, int64_t M, char* ws, const Workspace& L, bool kperm, cudaStream_t st,
+                       int j_end = -1) const {
+    launch_gather_slots(x, M, H, slot_ids(ws, L), k2, g1.perm, E2, ws + L.xgather, kperm, st, 0, j_end);
     return ws + L.xgather;
+  }
+  // Act-order with shared slices on a wide layer (DeepSeek-V3), up to 16 tokens, on the decode
+  // kernel: the shared slices' rows (which need no routing) are gathered between the router and
+  // the routing, and the routing releases the chain late, so GEMM1's shared-slice items run ahead
+  // of the wait as with plain weights (GemmRun::pre_wait_slices). Narrower layers lost more to the
+  // extra launch than the run-ahead gave (docs/perf.md, session 15 item 6). A/B switch:
+  // WNA16_NO_ACT_ORDER_RUNAHEAD=1.
+  bool shared_rows_first(int64_t M, int config) const {
+    static const bool off = std::getenv("WNA16_NO_ACT_ORDER_RUNAHEAD") != nullptr;
+    static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
+    static const bool no_gemm1_pdl = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
+    return !off && !no_pre_wait && !no_gemm1_pdl && S > 0 && config == 0 && M <= 16 && gathers(M) &&
+           decode_items_long(g1_gathered);
   }
 
   Workspace layout(int64_t M, int block_m) const {
@@ -199,7 +214,7 @@ struct CudaMoeLayer::Impl {
   }
 
   void build(const MoeLayerSpec& s, const MoeLayerWeights& w);
-  void route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L, int block_m,
+  void route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L, int config,
                        cudaStream_t st) const;
   void check_call(const void* x, const void* out, int64_t M, DType act, const void* workspace, size_t workspace_size,
                   Workspace* L, int* config) const;
@@ -221,7 +236,7 @@ struct CudaMoeLayer::Impl {
     c->ws = static_cast<char*>(workspace);
     c->acc = reinterpret_cast<float*>(c->ws + c->L.acc);
     c->w2 = reinterpret_cast<const float*>(c->ws + (S > 0 ? c->L.w2 : c->L.w));
-    route_and_align(x, M, act, c->ws, c->L, gemm_config_block_m(c->config), c->st);
+    route_and_align(x, M, act, c->ws, c->L, c->config, c->st);
     return true;
   }
 
@@ -561,7 +576,8 @@ void CudaMoeLayer::Impl::check_call(const void* x, const void* out, int64_t M, D
 // NOTE: a kernel fusing routing and align at small slot counts (one launch fewer) measured no
 // faster end to end on the H200 and was removed (docs/perf.md).
 void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L,
-                                         int block_m, cudaStream_t st) const {
+                                         int config, cudaStream_t st) const {
+  const int block_m = gemm_config_block_m(config);
   auto* logits = reinterpret_cast<float*>(ws + L.logits);
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
   const int64_t zero_n = (L.zero_end - L.acc) / 4;  // acc, handoff, the shared-slice parts' scratch
@@ -569,6 +585,12 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
                        reinterpret_cast<float*>(ws + L.acc), zero_n, st);
   stage_done("router logits", st);
   if (diag_skip(2)) return;
+  // A programmatic dependent of the router that reads only x: its gather overlaps the router.
+  const bool shared_first = shared_rows_first(M, config);
+  if (shared_first) {
+    launch_gather_slots(x, M, H, nullptr, k2, g1.perm, E2, ws + L.xgather, false, st, k, k2);
+    stage_done("act-order gather (shared slices)", st);
+  }
   // With shared slices the routing writes [M, k + S] straight into ids2 / w2 (no append kernel).
   int32_t* ids2 = slot_ids(ws, L);
   auto* w2 = reinterpret_cast<float*>(ws + (S > 0 ? L.w2 : L.w));
@@ -602,7 +624,8 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   static const bool early = std::getenv("WNA16_ROUTE_RELEASE_EARLY") != nullptr;
   const bool pre_parts = uses_pre_parts(L);
   const bool wide_one_token = M == 1 && decode_items_long(g1);
-  const bool late = pre_parts || always_late || (!early && !wide_one_token && M <= kLateReleaseMaxM);
+  const bool late =
+      shared_first || pre_parts || always_late || (!early && !wide_one_token && M <= kLateReleaseMaxM);
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
                              ids2, w2, st, align, late);
   stage_done("routing", st);
@@ -652,9 +675,10 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   static const bool no_kperm = std::getenv("WNA16_NO_PREFILL_KPERM") != nullptr;
   const bool kperm = !no_kperm && gemm_config_takes_kperm(config);
   const bool gather = d.gathers(M);
+  const bool shared_first = d.shared_rows_first(M, config);  // route_and_align gathered those rows
   const DeviceGemm& gemm1 = gather ? d.g1_gathered : d.g1;
   if (gather) {
-    r.x = d.gather_x(x, M, ws, L, kperm, st);
+    r.x = d.gather_x(x, M, ws, L, kperm, st, shared_first ? d.k : -1);
     stage_done("act-order gather", st);
     r.x_per_slot = true;
   } else if (kperm) {
@@ -671,8 +695,8 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   // tables known from M) before it waits for the align step: their weights stream while the
   // routing chain runs (GemmRun::pre_wait_slices). A/B switch: WNA16_NO_PRE_WAIT=1.
   static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
-  // Not with act-order: its x rows are gathered only after the routing.
-  if (!no_pre_wait && r.wait_first && config == 0 && !d.g1.perm && !d.g1.perm_up) {
+  // Act-order: only where the shared slices' rows were gathered before the routing.
+  if (!no_pre_wait && r.wait_first && config == 0 && ((!d.g1.perm && !d.g1.perm_up) || shared_first)) {
     r.pre_wait_slices = d.S;
     if (uses_pre_parts(L)) {
       r.pre_scratch = reinterpret_cast<float*>(ws + L.pre_scratch);

@@ -431,9 +431,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   if (r.pre_wait_slices > 0 && pre_wait_mblocks(r) * w.NT >= (int64_t(1) << 31))
     throw Error("pre_wait_slices=" + std::to_string(r.pre_wait_slices) + " with " + std::to_string(r.num_slots / r.topk) +
                 " tokens: the shared slices' work items exceed the kernel's 2^31 range");
-  if (r.x_per_slot && (r.epilogue != GemmEpilogue::SiluMul || r.pre_wait_slices != 0 || w.perm || w.perm_up))
-    throw Error("x_per_slot (x already gathered per slot) is for GEMM1 (SiluMul) without a perm of its own and "
-                "without shared slices ahead of the wait (pre_wait_slices=" + std::to_string(r.pre_wait_slices) + ")");
+  if (r.x_per_slot && (r.epilogue != GemmEpilogue::SiluMul || w.perm || w.perm_up))
+    throw Error("x_per_slot (x already gathered per slot) is for GEMM1 (SiluMul) without a perm of its own");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
     throw Error("gate/up GEMM N=" + std::to_string(w.N) + " (2*I) is not a multiple of 32");
   if (r.epilogue == GemmEpilogue::SiluMul && r.splits != 1)

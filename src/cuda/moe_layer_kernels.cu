@@ -406,15 +406,22 @@ constexpr int kGatherThreads = 256;
 constexpr int kGatherPerThread = 8;
 constexpr int kGatherPiece = kGatherThreads * kGatherPerThread;  // elements of a row per block
 
+// Slots j_begin <= j < j_end of each token (block x: token and j); ids null: slot j's expert is
+// j - j_begin, and the kernel reads nothing the chain writes, so it waits for the previous kernel
+// only at its end (the chain's completion order stays intact).
 template <bool kKperm>
 __global__ void __launch_bounds__(kGatherThreads)
     gather_slots_kernel(const uint16_t* __restrict__ x, int64_t H, const int32_t* __restrict__ ids, int k2,
-                        int n_perm, const int32_t* __restrict__ perm, uint16_t* __restrict__ out) {
-  // The next kernel (GEMM1) may get resident now; the slot ids come from the previous one.
+                        int j_begin, int j_end, int n_perm, const int32_t* __restrict__ perm,
+                        uint16_t* __restrict__ out) {
+  // The next kernel may get resident now; the slot ids come from the previous one.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  const int64_t s = blockIdx.x;
-  const int e = min(max(__ldg(ids + s), 0), n_perm - 1);  // ids are in range; a clamp costs nothing
+  if (ids) asm volatile("griddepcontrol.wait;" ::: "memory");
+  const int nj = j_end - j_begin;
+  const int j_slot = j_begin + int(blockIdx.x % nj);
+  const int64_t s = int64_t(blockIdx.x / nj) * k2 + j_slot;
+  const int id = ids ? __ldg(ids + s) : j_slot - j_begin;
+  const int e = min(max(id, 0), n_perm - 1);  // ids are in range; a clamp costs nothing
   const uint16_t* xr = x + (s / k2) * H;
   const int32_t* pr = perm + int64_t(e) * H;
   uint16_t* o = out + s * H;
@@ -433,6 +440,7 @@ __global__ void __launch_bounds__(kGatherThreads)
     const int64_t j = j0 + i * kGatherThreads;
     if (j < H) o[kKperm ? kperm_pos(j) : j] = v[i];
   }
+  if (!ids) asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 // One thread per (row, 64-element chunk). kVec: 16-byte loads and stores of the chunk's 32 pairs
@@ -824,16 +832,23 @@ void launch_kperm_rows(const void* x, void* y, int64_t M, int64_t H, Stream stre
 }
 
 void launch_gather_slots(const void* x, int64_t M, int64_t H, const int32_t* ids, int k2, const int32_t* perm,
-                         int n_perm, void* out, bool kperm, Stream stream) {
+                         int n_perm, void* out, bool kperm, Stream stream, int j_begin, int j_end) {
+  if (j_end < 0) j_end = k2;
   if (M < 0 || H < 1 || k2 < 1 || n_perm < 1)
     throw Error("gather: M=" + std::to_string(M) + ", H=" + std::to_string(H) + ", k2=" + std::to_string(k2) +
                 " or n_perm=" + std::to_string(n_perm) + " is out of range");
+  if (j_begin < 0 || j_end > k2 || j_begin >= j_end)
+    throw Error("gather: slots [" + std::to_string(j_begin) + ", " + std::to_string(j_end) + ") of each token's k2=" +
+                std::to_string(k2) + " are empty or out of range");
+  if (!ids && j_end - j_begin > n_perm)
+    throw Error("gather: without ids, slots [" + std::to_string(j_begin) + ", " + std::to_string(j_end) +
+                ") take experts 0.." + std::to_string(j_end - j_begin - 1) + ", beyond n_perm=" + std::to_string(n_perm));
   if (kperm && H % 64 != 0) throw Error("gather: k-permuted rows need H (" + std::to_string(H) + ") a multiple of 64");
   if (H > 0x7fffffff) throw Error("gather: H=" + std::to_string(H) + " exceeds the perm's 32-bit indices");
-  const int64_t slots = M * k2;
+  const int64_t slots = M * (j_end - j_begin);
   if (slots > 0x7fffffff) throw Error("gather: " + std::to_string(slots) + " slots exceed the grid");
   if (slots == 0) return;
-  if (!x || !ids || !perm || !out) throw Error("gather: a null pointer among x, ids, perm, out");
+  if (!x || !perm || !out) throw Error("gather: a null pointer among x, perm, out");
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -846,9 +861,9 @@ void launch_gather_slots(const void* x, int64_t M, int64_t H, const int32_t* ids
   const auto* xs = static_cast<const uint16_t*>(x);
   auto* os = static_cast<uint16_t*>(out);
   if (kperm)
-    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gather_slots_kernel<true>, xs, H, ids, k2, n_perm, perm, os));
+    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gather_slots_kernel<true>, xs, H, ids, k2, j_begin, j_end, n_perm, perm, os));
   else
-    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gather_slots_kernel<false>, xs, H, ids, k2, n_perm, perm, os));
+    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gather_slots_kernel<false>, xs, H, ids, k2, j_begin, j_end, n_perm, perm, os));
 }
 
 void launch_cast_out(const float* acc, void* out, DType act, int64_t n, Stream stream) {

@@ -54,9 +54,11 @@ void launch_kperm_rows(const void* x, void* y, int64_t M, int64_t H, Stream stre
 // alignment); ids: [M * k2] kernel expert ids in [0, n_perm); perm: [n_perm, H]; out: [M * k2, H],
 // at kperm_pos(j) instead of j with kperm (the prefill kernel's k-permuted rows, H a multiple of
 // 64). A programmatic dependent launch: it waits for the previous kernel (the routing chain) before
-// reading ids.
+// reading ids. Only each token's slots j_begin <= j < j_end (default: all k2). ids null: slot j's
+// expert is j - j_begin (the shared slices, whose slots need no routing); the kernel then reads
+// nothing the chain writes and waits for the previous kernel only at its end.
 void launch_gather_slots(const void* x, int64_t M, int64_t H, const int32_t* ids, int k2, const int32_t* perm,
-                         int n_perm, void* out, bool kperm, Stream stream);
+                         int n_perm, void* out, bool kperm, Stream stream, int j_begin = 0, int j_end = -1);
 
 // out[i] = act(acc[i]) for i < n (n a multiple of 4). Launched with programmatic dependent launch
 // after the layer's GEMM2: it waits (griddepcontrol.wait) for the previous kernel before reading acc.

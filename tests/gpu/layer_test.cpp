@@ -177,6 +177,12 @@ TEST(CudaLayer, ActOrderGatheredPerSlot) {
   q.shared_kind = SharedExpertKind::SigmoidGated;
   q.shared_inter = 512;
   check(q, scheme_of(Format::GptqV1, 4, 128, false, true), DType::F16, {1, 3}, 15);
+  // A wide layer (K * bits >= 16384) with a shared expert: up to 16 tokens its shared slices'
+  // rows are gathered before the routing and run ahead of the wait; 17 tokens take the usual order.
+  MoeLayerSpec wide = spec_of("wide-shared", 4096, 128, 16, 4);
+  wide.shared_kind = SharedExpertKind::Plain;
+  wide.shared_inter = 256;
+  check(wide, scheme_of(Format::GptqV1, 4, 128, true, true), DType::BF16, {1, 3, 16, 17}, 16);
 }
 
 TEST(CudaLayer, DeepSeekV3Routing256Experts) {

@@ -655,6 +655,33 @@ TEST(MoeGemm, GatherSlotsKernel) {
         }
       EXPECT_EQ(bad, 0) << "kperm " << kperm << " shift " << shift;
     }
+  // A slot range of each token, with ids (from the routing) or without (slot j takes expert
+  // j - j_begin, the shared slices); the other slots stay untouched.
+  for (const bool with_ids : {false, true})
+    for (const auto& [jb, je] : {std::pair{1, 3}, std::pair{0, 2}, std::pair{2, 3}}) {
+      CUDA_OK(cudaMemset(dout.p, 0xA5, size_t(M * k2 * H) * 2));
+      cuda::launch_gather_slots(dx.p, M, H, with_ids ? static_cast<const int32_t*>(dids.p) : nullptr, k2,
+                                static_cast<const int32_t*>(dperm.p), n_perm, dout.p, false, nullptr, jb, je);
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> out = dout.get<uint16_t>(size_t(M * k2 * H));
+      int64_t bad = 0;
+      for (int64_t sl = 0; sl < M * k2; ++sl) {
+        const int j = int(sl % k2);
+        const int e = with_ids ? ids[size_t(sl)] : j - jb;
+        for (int64_t c = 0; c < H; ++c) {
+          const uint16_t got = out[size_t(sl * H + c)];
+          bad += j >= jb && j < je ? got != x[size_t((sl / k2) * H + perm[size_t(e * H + c)])] : got != 0xA5A5;
+        }
+      }
+      EXPECT_EQ(bad, 0) << "slots [" << jb << ", " << je << ") ids " << with_ids;
+    }
+  try {
+    cuda::launch_gather_slots(dx.p, M, H, nullptr, k2, static_cast<const int32_t*>(dperm.p), 1, dout.p, false, nullptr,
+                              0, 2);
+    ADD_FAILURE() << "2 slots without ids on 1 perm accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("n_perm=1"), std::string::npos) << e.what();
+  }
   auto refusal = [&](int64_t m, int64_t h, int k, bool kp) {
     try {
       cuda::launch_gather_slots(dx.p, m, h, static_cast<const int32_t*>(dids.p), k, static_cast<const int32_t*>(dperm.p),

@@ -166,10 +166,18 @@ struct CudaMoeLayer::Impl {
   // WNA16_NO_ACT_ORDER_RUNAHEAD=1.
   bool shared_rows_first(int64_t M, int config) const {
     static const bool off = std::getenv("WNA16_NO_ACT_ORDER_RUNAHEAD") != nullptr;
-    static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
-    static const bool no_gemm1_pdl = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
-    return !off && !no_pre_wait && !no_gemm1_pdl && S > 0 && config == 0 && M <= 16 && gathers(M) &&
+    return !off && !no_pre_wait() && !no_gemm1_pdl() && S > 0 && config == 0 && M <= 16 && gathers(M) &&
            decode_items_long(g1_gathered);
+  }
+  // A/B switches read once: WNA16_NO_PRE_WAIT=1 (GEMM1's shared slices wait for the align step
+  // like the routed ones), WNA16_NO_GEMM1_PDL=1 (GEMM1 a plain launch).
+  static bool no_pre_wait() {
+    static const bool v = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
+    return v;
+  }
+  static bool no_gemm1_pdl() {
+    static const bool v = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
+    return v;
   }
 
   Workspace layout(int64_t M, int block_m) const {
@@ -689,14 +697,12 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   if (kperm) r.x_kperm = r.out_kperm = true;
   // A programmatic dependent of the align step that waits for it first: its launch and start
   // overlap the align step's tail. A/B switch: WNA16_NO_GEMM1_PDL=1 (a plain launch).
-  static const bool no_gemm1_pdl = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
-  r.overlap_previous = r.wait_first = !no_gemm1_pdl;
+  r.overlap_previous = r.wait_first = !d.no_gemm1_pdl();
   // The decode kernel runs the shared slices' m-blocks (kernel experts 0..S-1, laid out first,
   // tables known from M) before it waits for the align step: their weights stream while the
   // routing chain runs (GemmRun::pre_wait_slices). A/B switch: WNA16_NO_PRE_WAIT=1.
-  static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
   // Act-order: only where the shared slices' rows were gathered before the routing.
-  if (!no_pre_wait && r.wait_first && config == 0 && ((!d.g1.perm && !d.g1.perm_up) || shared_first)) {
+  if (!d.no_pre_wait() && r.wait_first && config == 0 && ((!d.g1.perm && !d.g1.perm_up) || shared_first)) {
     r.pre_wait_slices = d.S;
     if (uses_pre_parts(L)) {
       r.pre_scratch = reinterpret_cast<float*>(ws + L.pre_scratch);
@@ -762,7 +768,8 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
     b = e;
   }
   const bool gather = d.gathers(M);  // as forward(): the config was chosen for it
-  const void* x1 = gather ? d.gather_x(x, M, c.ws, L, false, c.st) : x;
+  // route_and_align gathered the shared slices' rows already where shared_rows_first.
+  const void* x1 = gather ? d.gather_x(x, M, c.ws, L, false, c.st, d.shared_rows_first(M, c.config) ? d.k : -1) : x;
   for (const auto& [b0, nb] : runs) {
     d.set_gemm1(r, x1, c.ws, L);
     r.x_per_slot = gather;

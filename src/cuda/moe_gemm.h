@@ -176,6 +176,15 @@ struct GemmRun {
   // block starts (not just before its wait). Null: one part (the whole K) per item.
   float* pre_scratch = nullptr;
   int32_t* pre_count = nullptr;
+  // One token on the decode kernel (num_slots == topk == route_topk, all m-blocks, no shared
+  // slices run ahead, no perm): the token's route_E <= 32 fp32 router logits, complete before the
+  // previous kernel's grid ends. The kernel then routes the token itself, softmax top-k
+  // (+- renormalise) with the routing kernel's order (route_one_token), and reads neither the
+  // align tables nor topk_weights: the layer launches no routing kernel. Null: off.
+  const float* route_logits = nullptr;
+  int route_E = 0;
+  int route_topk = 0;
+  bool route_renormalize = true;
 };
 // The shared-slice parts' scratch sizes for GEMM1 (N = 2I, NT its n-tiles) at M tokens, S slices.
 inline int64_t pre_scratch_floats(int64_t M, int S, int64_t NT) { return int64_t(S) * ((M + 7) / 8) * 8 * NT * 16; }

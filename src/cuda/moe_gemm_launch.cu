@@ -431,6 +431,14 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   if (r.pre_wait_slices > 0 && pre_wait_mblocks(r) * w.NT >= (int64_t(1) << 31))
     throw Error("pre_wait_slices=" + std::to_string(r.pre_wait_slices) + " with " + std::to_string(r.num_slots / r.topk) +
                 " tokens: the shared slices' work items exceed the kernel's 2^31 range");
+  if (r.route_logits &&
+      (r.config != 0 || w.perm || w.perm_up || r.route_E < 1 || r.route_E > 32 || r.route_topk < 1 ||
+       r.route_topk > r.route_E || r.topk != r.route_topk || r.num_slots != r.topk || r.mb_begin != 0 ||
+       r.mb_count >= 0 || r.pre_wait_slices != 0))
+    throw Error("route_logits (one token routed in the GEMM) with E=" + std::to_string(r.route_E) + ", top_k=" +
+                std::to_string(r.route_topk) + ", topk=" + std::to_string(r.topk) + ", num_slots=" +
+                std::to_string(r.num_slots) + ": needs the decode kernel (config m8 without act-order), one token "
+                "(num_slots == topk == top_k <= E <= 32), all m-blocks and no shared slices run ahead");
   if (r.x_per_slot && (r.epilogue != GemmEpilogue::SiluMul || w.perm || w.perm_up))
     throw Error("x_per_slot (x already gathered per slot) is for GEMM1 (SiluMul) without a perm of its own");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
@@ -528,6 +536,10 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.pre_slices = kp.pdl == 2 ? r.pre_wait_slices : 0;  // a plain launch has nothing to run ahead of
   kp.pre_parts = 1;
   kp.pre_kc = kp.kc_per_split;
+  kp.route_logits = r.route_logits;
+  kp.route_E = r.route_E;
+  kp.route_topk = r.route_topk;
+  kp.route_renorm = r.route_renormalize ? 1 : 0;
   if (r.config == 0 && !w.perm) {
     // Decode kernel: the work shape (warps per unit along K, pairs per warp where the variant is
     // allowed) of the shortest modelled critical path on the expected m-blocks.

@@ -14,6 +14,7 @@
 //    nine experts gives every SM enough warps (and bytes in flight) to stream at full bandwidth.
 // Act-order (a per-expert activation gather) stays on the staged kernel.
 #pragma once
+#include "cuda/routing_device.cuh"
 #include "cuda/sm90_wna16_moe_gemm.cuh"
 
 namespace wna16::cuda::gemm {
@@ -111,8 +112,27 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   if (p.pdl == 2 && tables) asm volatile("griddepcontrol.wait;" ::: "memory");
   if (tables) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   bool waited = p.pdl == 2;  // x is ready (pdl 2: x precedes the whole routing chain)
+  // One token routed here (KParams::route_logits): m-block j is the j-th chosen expert by id, its
+  // one slot the choice's rank; the logits are complete (GEMM1 waited first; GEMM2 starts after).
+  __shared__ int route_expert[32], route_slot[32];
+  __shared__ float route_weight[32];
+  const bool routed_here = p.route_logits != nullptr;
+  if (routed_here) {
+    if (warp == 0) {
+      const float logit = lane < p.route_E ? __ldg(p.route_logits + lane) : 0.f;
+      const OneTokenChoice c = route_one_token(logit, p.route_E, p.route_topk, p.route_renorm != 0);
+      const unsigned chosen = __ballot_sync(0xffffffffu, c.chosen);
+      if (c.chosen) {
+        const int j = __popc(chosen & ((1u << lane) - 1u));
+        route_expert[j] = lane;
+        route_slot[j] = c.rank;
+        route_weight[c.rank] = c.weight;
+      }
+    }
+    __syncthreads();
+  }
   auto total_items = [&] {
-    const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
+    const int num_mb = routed_here ? p.route_topk : p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
     if constexpr (PARTS) return int64_t(num_mb) * nb_count * p.splits - pre_base + pre_total;
     else return int64_t(num_mb) * nb_count * p.splits;
   };
@@ -193,7 +213,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
     if (item >= total) break;
     if (p.item_claim && threadIdx.x == 0) next_claim = int(gridDim.x) + atomicAdd(p.item_claim, 1);
-    const WorkItem it = tables ? decode_item(p, PARTS ? item - pre_total + pre_base : item, nb_count) : pre_item(item);
+    const WorkItem it = tables ? decode_item(p, PARTS ? item - pre_total + pre_base : item, nb_count,
+                                             routed_here ? route_expert : nullptr)
+                               : pre_item(item);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     if (expert < 0) continue;  // block-uniform
     const int unit = nb * units_per_block + wp;
@@ -206,7 +228,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     // the wait: token t = (mb % pre_mps) * 8 + c takes its slice as choice topk - pre_slices + slice.
     int slot = -1;
     if (lane < kDecodeBM) {
-      if (tables) {
+      if (routed_here) {
+        slot = lane == 0 ? route_slot[mb] : -1;
+      } else if (tables) {
         const int s = __ldg(p.sorted_ids + int64_t(mb) * kDecodeBM + lane);
         slot = (s >= 0 && s < p.num_slots) ? s : -1;
       } else {
@@ -229,7 +253,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int s = __shfl_sync(0xffffffffu, slot, 2 * tig + e);
-        if (s >= 0) wt[e] = __ldg(p.topk_weights + s);
+        if (s >= 0) wt[e] = routed_here ? route_weight[s] : __ldg(p.topk_weights + s);
       }
     }
     const T* xrow = nullptr;
@@ -531,7 +555,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       for (int e = 0; e < 2; ++e) {
         const int s = e ? slot1 : slot0;
         if (s < 0) continue;
-        const float w = kEarlyWt ? wt[e] : __ldg(p.topk_weights + s);
+        const float w = kEarlyWt ? wt[e] : routed_here ? route_weight[s] : __ldg(p.topk_weights + s);
         float* orow = out + int64_t(s / p.topk) * p.out_stride;
 #pragma unroll
         for (int i = 0; i < NTW; ++i) {

@@ -249,14 +249,15 @@ struct CudaMoeLayer::Impl {
     route_and_align(x, M, act, c->ws, c->L, c->config, c->st, gemm_routing && gemm_routes(M, c->config));
     return true;
   }
-  // One token, no shared slices, softmax routing over at most 32 experts (Mixtral), plain weights
-  // on the decode kernel: both GEMMs route the token themselves from the router logits
+  // One token, no shared slices, softmax routing over at most 32 experts (Mixtral), int4 in groups
+  // of 128 on the decode kernel: both GEMMs route the token themselves from the router logits
   // (GemmRun::route_logits) and no routing kernel runs, one launch and one grid-completion wait
-  // fewer before GEMM1's first weights. A/B switch: WNA16_NO_GEMM_ROUTING=1.
+  // fewer before GEMM1's first weights (measured, docs/perf.md session 17: Mixtral M=1 -1.3 us).
+  // A/B switch: WNA16_NO_GEMM_ROUTING=1.
   bool gemm_routes(int64_t M, int config) const {
     static const bool off = std::getenv("WNA16_NO_GEMM_ROUTING") != nullptr;
     return !off && M == 1 && S == 0 && config == 0 && spec.routing.method == RoutingMethod::SoftmaxTopK && E <= 32 &&
-           !g1.perm && !g1.perm_up && !g2.perm && !gathers(M);
+           !gathers(M) && decode_routes_token(g1) && decode_routes_token(g2);
   }
 
   // The GEMM launch fields both stages share: the align outputs in the workspace drive the grid.

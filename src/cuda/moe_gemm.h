@@ -232,6 +232,9 @@ bool mb_handoff_pays(const DeviceGemm& g1, const GemmRun& r1);
 // Whether a decode work item of g (64 weight columns over all of K) carries at least 128 KiB of
 // weights (K * bits >= 16384): long enough to outlast the one-token routing chain.
 bool decode_items_long(const DeviceGemm& g);
+// Whether the decode kernel can route one token itself on g (GemmRun::route_logits): int4 in
+// groups of 128 without act-order, the variant that exists.
+bool decode_routes_token(const DeviceGemm& g);
 // Whether GEMM1 (g1) at `tokens` tokens should run its shared slices' items in K parts
 // (GemmRun::pre_scratch): one token, int4 with groups of 64, 128 or 256 (the kernel's static-group
 // variants), no act-order, and decode_items_long. Measured (docs/perf.md, session 9): DeepSeek-V3 (K=7168) gains;

@@ -57,8 +57,10 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
 // from the loop; 0: tracked at run time. CPG may exceed the ring depth: the loop body then covers
 // CPG chunks (several turns of the ring). PPW: tile pairs per warp (1, or 2 for int4). PARTS: the
 // shared slices' items ahead of the wait may come in K parts (KParams::pre_parts); a variant of its
-// own, so that the kernels without parts keep their code (int4 static groups only).
-template <class T, int BITS, bool DEFER, int CPG, int PPW = 1, bool PARTS = false>
+// own, so that the kernels without parts keep their code (int4 static groups only). ROUTED: one
+// token routed in the kernel (KParams::route_logits), a variant of its own for the same reason
+// (int4, groups of two chunks; decode_routes_token).
+template <class T, int BITS, bool DEFER, int CPG, int PPW = 1, bool PARTS = false, bool ROUTED = false>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_decode_kernel(const KParams p) {
   constexpr int U = BITS / 4;         // uint4 per lane per tile and k-chunk
   constexpr int NTW = 2 * PPW;        // tiles per warp
@@ -114,10 +116,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   bool waited = p.pdl == 2;  // x is ready (pdl 2: x precedes the whole routing chain)
   // One token routed here (KParams::route_logits): m-block j is the j-th chosen expert by id, its
   // one slot the choice's rank; the logits are complete (GEMM1 waited first; GEMM2 starts after).
-  __shared__ int route_expert[32], route_slot[32];
-  __shared__ float route_weight[32];
-  const bool routed_here = p.route_logits != nullptr;
-  if (routed_here) {
+  static_assert(!ROUTED || (!PARTS && DEFER), "one token routed here: no shared-slice parts");
+  constexpr int kRouteSlots = ROUTED ? 32 : 1;
+  __shared__ int route_expert[kRouteSlots], route_slot[kRouteSlots];
+  __shared__ float route_weight[kRouteSlots];
+  constexpr bool routed_here = ROUTED;
+  if constexpr (routed_here) {
     if (warp == 0) {
       const float logit = lane < p.route_E ? __ldg(p.route_logits + lane) : 0.f;
       const OneTokenChoice c = route_one_token(logit, p.route_E, p.route_topk, p.route_renorm != 0);
@@ -570,13 +574,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 }
 
 // Blocks of the decode kernel resident per SM (cached per instantiation).
-template <class T, int BITS, bool DEFER, int CPG, int PPW, bool PARTS = false>
+template <class T, int BITS, bool DEFER, int CPG, int PPW, bool PARTS = false, bool ROUTED = false>
 int prepare_decode_variant() {
   static int bps = 0;
   static std::once_flag once;
   std::call_once(once, [] {
     WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG, PPW, PARTS>, kDecodeThreads, 0));
+        &bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG, PPW, PARTS, ROUTED>, kDecodeThreads, 0));
     if (bps < 1) throw Error("the decode kernel cannot be resident on this device");
   });
   return bps;
@@ -590,6 +594,11 @@ constexpr bool kDecodeHas4Tiles = BITS == 4;
 // The shared-slice parts variant (KParams::pre_parts > 1) exists for int4 static groups only.
 template <int BITS>
 constexpr bool kDecodeHasParts = BITS == 4;
+// The variant that routes one token itself (KParams::route_logits): int4, static groups of two
+// chunks (group 128) only, the layers it was measured on (decode_routes_token).
+template <int BITS>
+constexpr bool kDecodeRoutes = BITS == 4;
+constexpr int kDecodeRouteCpg = 2;
 
 // The chunks per group the static-group variants exist for (those dividing the pair kernel's ring
 // depth; the 4-tile variant covers the same ones by unrolling its 2-chunk ring twice for 4).
@@ -606,6 +615,7 @@ int prepare_decode_ppw() {
     a = std::min(a, prepare_decode_variant<T, BITS, true, 1, PPW>());
     a = std::min(a, prepare_decode_variant<T, BITS, true, 2, PPW>());
     if constexpr (decode_static_cpg<BITS>(4)) a = std::min(a, prepare_decode_variant<T, BITS, true, 4, PPW>());
+    if constexpr (kDecodeRoutes<BITS>) a = std::min(a, prepare_decode_variant<T, BITS, true, 2, PPW, false, true>());
     if constexpr (kDecodeHasParts<BITS>) {
       a = std::min(a, prepare_decode_variant<T, BITS, true, 1, PPW, true>());
       a = std::min(a, prepare_decode_variant<T, BITS, true, 2, PPW, true>());
@@ -630,6 +640,16 @@ void launch_decode_ppw(const cudaLaunchConfig_t& cfg, const KParams& kp) {
       const bool stat = kp.static_groups && decode_static_cpg<BITS>(kp.chunks_per_group) &&
                         kp.kc_per_split % kp.chunks_per_group == 0;
       const int cpg = stat ? kp.chunks_per_group : 0;
+      if (kp.route_logits) {
+        if constexpr (kDecodeRoutes<BITS>) {
+          if (cpg == kDecodeRouteCpg && kp.pre_parts <= 1) {
+            WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, true, kDecodeRouteCpg, PPW, false, true>, kp));
+            return;
+          }
+        }
+        throw Error("decode kernel: one token routed in the kernel needs int4 static groups of " +
+                    std::to_string(kDecodeRouteCpg) + " chunks (chunks per group " + std::to_string(cpg) + ")");
+      }
       if constexpr (kDecodeHasParts<BITS>) {
         if (kp.pre_parts > 1) {
           if (cpg != 1 && cpg != 2 && cpg != 4)
@@ -651,6 +671,7 @@ void launch_decode_ppw(const cudaLaunchConfig_t& cfg, const KParams& kp) {
     }
   }
   if (kp.pre_parts > 1) throw Error("decode kernel: shared-slice parts need the int4 static-group variants");
+  if (kp.route_logits) throw Error("decode kernel: one token routed in the kernel needs deferred scaling");
   WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, false, 0, PPW>, kp));
 }
 

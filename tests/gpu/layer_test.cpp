@@ -295,12 +295,13 @@ TEST(CudaLayer, AllTokensOnOneExpert) {
   }
 }
 
-// One token without shared experts, softmax routing over at most 32 experts: the decode GEMMs
-// route the token themselves from the router logits and no routing kernel runs (gemm_routes). The
-// layer equals the reference and the per-expert loop (which routes with the routing kernel) for
-// E from 1 to 32, top-k 1 to 8, with and without renormalisation, int4 / int8, bf16 / f16, a layer
-// wide enough for the m-block handoff (2048 x 8192, two experts), tied logits (a zero router:
-// the lowest experts win, equal weights), and a graph replayed on a new token.
+// One token without shared experts, softmax routing over at most 32 experts, int4 in groups of
+// 128: the decode GEMMs route the token themselves from the router logits and no routing kernel
+// runs (gemm_routes). The layer equals the reference and the per-expert loop (which routes with
+// the routing kernel) for E from 1 to 32, top-k 1 to 8, with and without renormalisation, zero
+// points, bf16 / f16, a layer wide enough for the m-block handoff (2048 x 8192, two experts), tied
+// logits (a zero router: the lowest experts win, equal weights), and a graph replayed on a new
+// token; other weights (int8, groups of 64) take the routing kernel and must match as well.
 TEST(CudaLayer, OneTokenRoutedInTheGemms) {
   WNA16_REQUIRE_GPU();
   struct Case {
@@ -312,11 +313,12 @@ TEST(CudaLayer, OneTokenRoutedInTheGemms) {
   };
   const Case cases[] = {
       {256, 128, 8, 2, true, scheme_of(Format::GptqV1, 4, 128, true), DType::BF16},
-      {256, 192, 32, 4, false, scheme_of(Format::GptqV2, 4, 64, false), DType::F16},
-      {256, 128, 32, 8, true, scheme_of(Format::Awq, 4, 128, false), DType::BF16},
-      {512, 128, 2, 2, true, scheme_of(Format::GptqV1, 8, 128, true), DType::BF16},
-      {256, 128, 1, 1, false, scheme_of(Format::GptqV1, 4, -1, true), DType::F16},
+      {256, 256, 32, 4, false, scheme_of(Format::Awq, 4, 128, false), DType::F16},
+      {384, 128, 32, 8, true, scheme_of(Format::GptqV2, 4, 128, false), DType::BF16},
+      {256, 128, 1, 1, false, scheme_of(Format::GptqV1, 4, 128, true), DType::F16},
       {2048, 8192, 2, 2, true, scheme_of(Format::GptqV1, 4, 128, true), DType::BF16},
+      {512, 128, 2, 2, true, scheme_of(Format::GptqV1, 8, 128, true), DType::BF16},
+      {256, 192, 8, 2, true, scheme_of(Format::GptqV2, 4, 64, false), DType::F16},
   };
   for (const Case& c : cases) {
     MoeLayerSpec s = spec_of("gemm-routed", c.H, c.I, c.E, c.k);

@@ -11,6 +11,7 @@
 #include "common/splitmix64.h"
 #include "wna16/error.h"
 #include "wna16/half.h"
+#include "wna16/quant.h"
 
 namespace wna16::cuda::bench {
 namespace {
@@ -82,10 +83,7 @@ void fill_linear(const LinearTask& t, const QuantScheme& s) {
   q.g_idx.clear();
   if (s.act_order && s.group_size != -1) {
     // GPTQ desc_act: channels quantized in a seeded random order; g_idx[perm[i]] = i / group_len.
-    Rng order(t.order_seed);
-    std::vector<int32_t> perm(size_t(t.K));
-    for (int64_t i = 0; i < t.K; ++i) perm[size_t(i)] = int32_t(i);
-    for (int64_t i = t.K - 1; i > 0; --i) std::swap(perm[size_t(i)], perm[size_t(order.next() % uint64_t(i + 1))]);
+    const std::vector<int32_t> perm = seeded_perm(t.K, t.order_seed);
     q.g_idx.resize(size_t(t.K));
     const int64_t gl = s.group_len(t.K);
     for (int64_t i = 0; i < t.K; ++i) q.g_idx[size_t(perm[size_t(i)])] = int32_t(i / gl);

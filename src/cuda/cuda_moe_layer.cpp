@@ -166,10 +166,18 @@ struct CudaMoeLayer::Impl {
   // WNA16_NO_ACT_ORDER_RUNAHEAD=1.
   bool shared_rows_first(int64_t M, int config) const {
     static const bool off = std::getenv("WNA16_NO_ACT_ORDER_RUNAHEAD") != nullptr;
-    static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
-    static const bool no_gemm1_pdl = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
-    return !off && !no_pre_wait && !no_gemm1_pdl && S > 0 && config == 0 && M <= 16 && gathers(M) &&
+    return !off && !no_pre_wait() && !no_gemm1_pdl() && S > 0 && config == 0 && M <= 16 && gathers(M) &&
            decode_items_long(g1_gathered);
+  }
+  // A/B switches read once: WNA16_NO_PRE_WAIT=1 (GEMM1's shared slices wait for the align step
+  // like the routed ones), WNA16_NO_GEMM1_PDL=1 (GEMM1 a plain launch).
+  static bool no_pre_wait() {
+    static const bool v = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
+    return v;
+  }
+  static bool no_gemm1_pdl() {
+    static const bool v = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
+    return v;
   }
 
   Workspace layout(int64_t M, int block_m) const {
@@ -214,8 +222,9 @@ struct CudaMoeLayer::Impl {
   }
 
   void build(const MoeLayerSpec& s, const MoeLayerWeights& w);
+  // skip_routing: the GEMMs route the token themselves (gemm_routes): the router only.
   void route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L, int config,
-                       cudaStream_t st) const;
+                       cudaStream_t st, bool skip_routing) const;
   void check_call(const void* x, const void* out, int64_t M, DType act, const void* workspace, size_t workspace_size,
                   Workspace* L, int* config) const;
   // What both forward paths share: the checks, then router -> routing -> align on the stream.
@@ -227,17 +236,28 @@ struct CudaMoeLayer::Impl {
     float* acc = nullptr;      // the fp32 top-k sum
     const float* w2 = nullptr;  // routing weights of every slot (shared slices included)
   };
-  // Returns false (nothing launched) for M = 0.
+  // Returns false (nothing launched) for M = 0. gemm_routing: the caller's GEMMs route the token
+  // themselves where gemm_routes() says so (forward does; the per-expert loop needs the tables).
   bool begin_call(const void* x, const void* out, int64_t M, DType act, void* workspace, size_t workspace_size,
-                  Stream stream, Call* c) const {
+                  Stream stream, Call* c, bool gemm_routing) const {
     check_call(x, out, M, act, workspace, workspace_size, &c->L, &c->config);
     if (M == 0) return false;
     c->st = static_cast<cudaStream_t>(stream);
     c->ws = static_cast<char*>(workspace);
     c->acc = reinterpret_cast<float*>(c->ws + c->L.acc);
     c->w2 = reinterpret_cast<const float*>(c->ws + (S > 0 ? c->L.w2 : c->L.w));
-    route_and_align(x, M, act, c->ws, c->L, c->config, c->st);
+    route_and_align(x, M, act, c->ws, c->L, c->config, c->st, gemm_routing && gemm_routes(M, c->config));
     return true;
+  }
+  // One token, no shared slices, softmax routing over at most 32 experts (Mixtral), int4 in groups
+  // of 128 on the decode kernel: both GEMMs route the token themselves from the router logits
+  // (GemmRun::route_logits) and no routing kernel runs, one launch and one grid-completion wait
+  // fewer before GEMM1's first weights (measured, docs/perf.md session 17: Mixtral M=1 -1.3 us).
+  // A/B switch: WNA16_NO_GEMM_ROUTING=1.
+  bool gemm_routes(int64_t M, int config) const {
+    static const bool off = std::getenv("WNA16_NO_GEMM_ROUTING") != nullptr;
+    return !off && M == 1 && S == 0 && config == 0 && spec.routing.method == RoutingMethod::SoftmaxTopK && E <= 32 &&
+           !gathers(M) && decode_routes_token(g1) && decode_routes_token(g2);
   }
 
   // The GEMM launch fields both stages share: the align outputs in the workspace drive the grid.
@@ -576,7 +596,7 @@ void CudaMoeLayer::Impl::check_call(const void* x, const void* out, int64_t M, D
 // NOTE: a kernel fusing routing and align at small slot counts (one launch fewer) measured no
 // faster end to end on the H200 and was removed (docs/perf.md).
 void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L,
-                                         int config, cudaStream_t st) const {
+                                         int config, cudaStream_t st, bool skip_routing) const {
   const int block_m = gemm_config_block_m(config);
   auto* logits = reinterpret_cast<float*>(ws + L.logits);
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
@@ -584,7 +604,7 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   launch_router_logits(x, act, M, H, router.p, router_dtype, E, gated ? E + 1 : E, logits, gate,
                        reinterpret_cast<float*>(ws + L.acc), zero_n, st);
   stage_done("router logits", st);
-  if (diag_skip(2)) return;
+  if (diag_skip(2) || skip_routing) return;
   // A programmatic dependent of the router that reads only x: its gather overlaps the router.
   const bool shared_first = shared_rows_first(M, config);
   if (shared_first) {
@@ -660,7 +680,7 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
                            Stream stream) const {
   const Impl& d = *impl_;
   Impl::Call c;
-  if (!d.begin_call(x, out, M, act, workspace, workspace_size, stream, &c)) return;
+  if (!d.begin_call(x, out, M, act, workspace, workspace_size, stream, &c, true)) return;
   const Workspace& L = c.L;
   const int config = c.config;
   const cudaStream_t st = c.st;
@@ -669,6 +689,12 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   if (diag_skip(4)) return;
 
   d.set_gemm1(r, x, ws, L);
+  if (d.gemm_routes(M, config)) {  // route_and_align ran the router only
+    r.route_logits = reinterpret_cast<const float*>(ws + L.logits);
+    r.route_E = int(d.E);
+    r.route_topk = int(d.k);
+    r.route_renormalize = d.spec.routing.renormalize;
+  }
   // Prefill (m144w): x and the intermediate travel k-permuted, so the kernel copies token rows
   // with one 16-byte copy instead of four 4-byte ones; the price is one more pass over x
   // (launch_kperm_rows, or the act-order gather). A/B switch: WNA16_NO_PREFILL_KPERM=1.
@@ -689,14 +715,12 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   if (kperm) r.x_kperm = r.out_kperm = true;
   // A programmatic dependent of the align step that waits for it first: its launch and start
   // overlap the align step's tail. A/B switch: WNA16_NO_GEMM1_PDL=1 (a plain launch).
-  static const bool no_gemm1_pdl = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
-  r.overlap_previous = r.wait_first = !no_gemm1_pdl;
+  r.overlap_previous = r.wait_first = !d.no_gemm1_pdl();
   // The decode kernel runs the shared slices' m-blocks (kernel experts 0..S-1, laid out first,
   // tables known from M) before it waits for the align step: their weights stream while the
   // routing chain runs (GemmRun::pre_wait_slices). A/B switch: WNA16_NO_PRE_WAIT=1.
-  static const bool no_pre_wait = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
   // Act-order: only where the shared slices' rows were gathered before the routing.
-  if (!no_pre_wait && r.wait_first && config == 0 && ((!d.g1.perm && !d.g1.perm_up) || shared_first)) {
+  if (!d.no_pre_wait() && r.wait_first && config == 0 && ((!d.g1.perm && !d.g1.perm_up) || shared_first)) {
     r.pre_wait_slices = d.S;
     if (uses_pre_parts(L)) {
       r.pre_scratch = reinterpret_cast<float*>(ws + L.pre_scratch);
@@ -743,7 +767,7 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
                                            size_t workspace_size, Stream stream) const {
   const Impl& d = *impl_;
   Impl::Call c;
-  if (!d.begin_call(x, out, M, act, workspace, workspace_size, stream, &c)) return;
+  if (!d.begin_call(x, out, M, act, workspace, workspace_size, stream, &c, false)) return;
   const Workspace& L = c.L;
   const int bm = gemm_config_block_m(c.config);
   // The loop pattern needs the per-expert block ranges on the host.
@@ -762,7 +786,8 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
     b = e;
   }
   const bool gather = d.gathers(M);  // as forward(): the config was chosen for it
-  const void* x1 = gather ? d.gather_x(x, M, c.ws, L, false, c.st) : x;
+  // route_and_align gathered the shared slices' rows already where shared_rows_first.
+  const void* x1 = gather ? d.gather_x(x, M, c.ws, L, false, c.st, d.shared_rows_first(M, c.config) ? d.k : -1) : x;
   for (const auto& [b0, nb] : runs) {
     d.set_gemm1(r, x1, c.ws, L);
     r.x_per_slot = gather;

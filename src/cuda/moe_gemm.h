@@ -176,6 +176,15 @@ struct GemmRun {
   // block starts (not just before its wait). Null: one part (the whole K) per item.
   float* pre_scratch = nullptr;
   int32_t* pre_count = nullptr;
+  // One token on the decode kernel (num_slots == topk == route_topk, all m-blocks, no shared
+  // slices run ahead, no perm): the token's route_E <= 32 fp32 router logits, complete before the
+  // previous kernel's grid ends. The kernel then routes the token itself, softmax top-k
+  // (+- renormalise) with the routing kernel's order (route_one_token), and reads neither the
+  // align tables nor topk_weights: the layer launches no routing kernel. Null: off.
+  const float* route_logits = nullptr;
+  int route_E = 0;
+  int route_topk = 0;
+  bool route_renormalize = true;
 };
 // The shared-slice parts' scratch sizes for GEMM1 (N = 2I, NT its n-tiles) at M tokens, S slices.
 inline int64_t pre_scratch_floats(int64_t M, int S, int64_t NT) { return int64_t(S) * ((M + 7) / 8) * 8 * NT * 16; }
@@ -223,6 +232,9 @@ bool mb_handoff_pays(const DeviceGemm& g1, const GemmRun& r1);
 // Whether a decode work item of g (64 weight columns over all of K) carries at least 128 KiB of
 // weights (K * bits >= 16384): long enough to outlast the one-token routing chain.
 bool decode_items_long(const DeviceGemm& g);
+// Whether the decode kernel can route one token itself on g (GemmRun::route_logits): int4 in
+// groups of 128 without act-order, the variant that exists.
+bool decode_routes_token(const DeviceGemm& g);
 // Whether GEMM1 (g1) at `tokens` tokens should run its shared slices' items in K parts
 // (GemmRun::pre_scratch): one token, int4 with groups of 64, 128 or 256 (the kernel's static-group
 // variants), no act-order, and decode_items_long. Measured (docs/perf.md, session 9): DeepSeek-V3 (K=7168) gains;

@@ -300,6 +300,27 @@ DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc
 bool decode_items_long(const DeviceGemm& g) { return g.K * g.bits >= 16384; }
 
 namespace {
+// A/B switches for measurements (results are the same either way): WNA16_NO_DEFER=1 (per-weight
+// dequantisation everywhere), WNA16_NO_STATIC_GROUPS=1 (group bookkeeping at run time).
+bool defer_allowed() {
+  static const bool no_defer = std::getenv("WNA16_NO_DEFER") != nullptr;
+  return !no_defer;
+}
+bool static_groups_allowed() {
+  static const bool no_static = std::getenv("WNA16_NO_STATIC_GROUPS") != nullptr;
+  return !no_static;
+}
+}  // namespace
+
+bool decode_routes_token(const DeviceGemm& g) {
+  // The kernel variant exists for int4 with static groups of kDecodeRouteCpg chunks (group 128),
+  // which launch_moe_gemm takes for such weights on the decode kernel (make_kparams).
+  const int64_t kc = g.K / PackedGemm::kChunkK;
+  return g.bits == 4 && !g.perm && !g.perm_up && defer_allowed() && static_groups_allowed() &&
+         g.group_len == gemm::kDecodeRouteCpg * PackedGemm::kChunkK && kc % gemm::kDecodeRouteCpg == 0;
+}
+
+namespace {
 // An integer A/B switch: the value of environment variable `name` (a whole number in [lo, hi]),
 // or `fallback` when it is unset or empty. Throws Error naming the value otherwise.
 int64_t env_int(const char* name, int64_t lo, int64_t hi, int64_t fallback) {
@@ -431,6 +452,18 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   if (r.pre_wait_slices > 0 && pre_wait_mblocks(r) * w.NT >= (int64_t(1) << 31))
     throw Error("pre_wait_slices=" + std::to_string(r.pre_wait_slices) + " with " + std::to_string(r.num_slots / r.topk) +
                 " tokens: the shared slices' work items exceed the kernel's 2^31 range");
+  if (r.route_logits &&
+      (r.config != 0 || w.perm || w.perm_up || r.route_E < 1 || r.route_E > 32 || r.route_topk < 1 ||
+       r.route_topk > r.route_E || r.topk != r.route_topk || r.num_slots != r.topk || r.mb_begin != 0 ||
+       r.mb_count >= 0 || r.pre_wait_slices != 0))
+    throw Error("route_logits (one token routed in the GEMM) with E=" + std::to_string(r.route_E) + ", top_k=" +
+                std::to_string(r.route_topk) + ", topk=" + std::to_string(r.topk) + ", num_slots=" +
+                std::to_string(r.num_slots) + ": needs the decode kernel (config m8 without act-order), one token "
+                "(num_slots == topk == top_k <= E <= 32), all m-blocks and no shared slices run ahead");
+  if (r.route_logits && !decode_routes_token(w))
+    throw Error("route_logits: the decode kernel routes a token itself for int4 weights in groups of 128 only (bits " +
+                std::to_string(w.bits) + ", group length " + std::to_string(w.group_len) + ", K=" + std::to_string(w.K) +
+                ")");
   if (r.x_per_slot && (r.epilogue != GemmEpilogue::SiluMul || w.perm || w.perm_up))
     throw Error("x_per_slot (x already gathered per slot) is for GEMM1 (SiluMul) without a perm of its own");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
@@ -500,9 +533,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.item_claim = r.epilogue == GemmEpilogue::WeightedSum ? r.item_claim : nullptr;
   // GEMM2 with handoff slots: split-major items, so the first claims read the first slots.
   kp.split_major = kp.item_claim && r.mb_done && kp.mb_done_pps < r.mb_done_target ? 1 : 0;
-  // A/B switches for measurements (results are the same either way).
-  static const bool no_defer = std::getenv("WNA16_NO_DEFER") != nullptr;
-  kp.defer_ok = !no_defer && w.group_len % PackedGemm::kChunkK == 0 && !(w.bits == 8 && r.act == DType::BF16);
+  kp.defer_ok = defer_allowed() && w.group_len % PackedGemm::kChunkK == 0 && !(w.bits == 8 && r.act == DType::BF16);
   kp.chunks_per_group = kp.defer_ok ? int(w.group_len / PackedGemm::kChunkK) : 1;
   auto log2_or_neg = [](int64_t v) {
     int sh = 0;
@@ -510,9 +541,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     return (int64_t(1) << sh) == v ? sh : -1;
   };
   kp.cpg_shift = log2_or_neg(kp.chunks_per_group);
-  static const bool no_static = std::getenv("WNA16_NO_STATIC_GROUPS") != nullptr;  // A/B switch
   kp.static_groups = 0;
-  if (!no_static && r.config == 0 && !w.perm && kp.defer_ok &&
+  if (static_groups_allowed() && r.config == 0 && !w.perm && kp.defer_ok &&
       (w.bits == 4 ? gemm::decode_static_cpg<4>(kp.chunks_per_group) : gemm::decode_static_cpg<8>(kp.chunks_per_group)) &&
       kp.KC % kp.chunks_per_group == 0) {
     // The decode kernel's static-group variants want whole groups per split (fewer splits if need be).
@@ -528,6 +558,10 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.pre_slices = kp.pdl == 2 ? r.pre_wait_slices : 0;  // a plain launch has nothing to run ahead of
   kp.pre_parts = 1;
   kp.pre_kc = kp.kc_per_split;
+  kp.route_logits = r.route_logits;
+  kp.route_E = r.route_E;
+  kp.route_topk = r.route_topk;
+  kp.route_renorm = r.route_renormalize ? 1 : 0;
   if (r.config == 0 && !w.perm) {
     // Decode kernel: the work shape (warps per unit along K, pairs per warp where the variant is
     // allowed) of the shortest modelled critical path on the expected m-blocks.

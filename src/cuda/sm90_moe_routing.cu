@@ -27,6 +27,7 @@
 #include <string>
 
 #include "cuda/cuda_check.h"
+#include "cuda/routing_device.cuh"
 #include "cuda/moe_layer_kernels.h"
 #include "wna16/cuda_kernels.h"
 #include "wna16/error.h"
@@ -76,33 +77,6 @@ __device__ __forceinline__ float load_logit(const void* p, int64_t i) {
   const unsigned short u = __ldg(static_cast<const unsigned short*>(p) + i);
   if constexpr (DT == 1) return __uint_as_float(uint32_t(u) << 16);  // bf16 is the top half of an fp32
   return __half2float(__ushort_as_half(u));
-}
-
-// (v, i) beats (w, j): larger value, or equal value and lower index. A total order on (value,
-// index) for non-NaN values: every butterfly lane ends with the same winner, and ranks are distinct.
-__device__ __forceinline__ bool beats(float v, int i, float w, int j) { return v > w || (v == w && i < j); }
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-
-// exp(a - b) without the rounding of a - b to fp32 in the argument: a - b = hi + lo exactly
-// (TwoSum), exp(hi + lo) ~= exp(hi) * (1 + lo). NOTE: |a - b| ~ 8 would otherwise cost up to
-// 5e-7 relative, half the weight tolerance.
-__device__ __forceinline__ float exp_diff(float a, float b) {
-  const float hi = a - b;
-  const float bb = hi - a;
-  const float lo = (a - (hi - bb)) + (-b - bb);
-  const float e = expf(hi);
-  return fmaf(e, lo, e);
 }
 
 constexpr int kNone = 0x7fffffff;  // index of "no candidate": loses every tie

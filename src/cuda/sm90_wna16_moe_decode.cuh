@@ -14,6 +14,7 @@
 //    nine experts gives every SM enough warps (and bytes in flight) to stream at full bandwidth.
 // Act-order (a per-expert activation gather) stays on the staged kernel.
 #pragma once
+#include "cuda/routing_device.cuh"
 #include "cuda/sm90_wna16_moe_gemm.cuh"
 
 namespace wna16::cuda::gemm {
@@ -56,8 +57,10 @@ __device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
 // from the loop; 0: tracked at run time. CPG may exceed the ring depth: the loop body then covers
 // CPG chunks (several turns of the ring). PPW: tile pairs per warp (1, or 2 for int4). PARTS: the
 // shared slices' items ahead of the wait may come in K parts (KParams::pre_parts); a variant of its
-// own, so that the kernels without parts keep their code (int4 static groups only).
-template <class T, int BITS, bool DEFER, int CPG, int PPW = 1, bool PARTS = false>
+// own, so that the kernels without parts keep their code (int4 static groups only). ROUTED: one
+// token routed in the kernel (KParams::route_logits), a variant of its own for the same reason
+// (int4, groups of two chunks; decode_routes_token).
+template <class T, int BITS, bool DEFER, int CPG, int PPW = 1, bool PARTS = false, bool ROUTED = false>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_decode_kernel(const KParams p) {
   constexpr int U = BITS / 4;         // uint4 per lane per tile and k-chunk
   constexpr int NTW = 2 * PPW;        // tiles per warp
@@ -111,8 +114,29 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   if (p.pdl == 2 && tables) asm volatile("griddepcontrol.wait;" ::: "memory");
   if (tables) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   bool waited = p.pdl == 2;  // x is ready (pdl 2: x precedes the whole routing chain)
+  // One token routed here (KParams::route_logits): m-block j is the j-th chosen expert by id, its
+  // one slot the choice's rank; the logits are complete (GEMM1 waited first; GEMM2 starts after).
+  static_assert(!ROUTED || (!PARTS && DEFER), "one token routed here: no shared-slice parts");
+  constexpr int kRouteSlots = ROUTED ? 32 : 1;
+  __shared__ int route_expert[kRouteSlots], route_slot[kRouteSlots];
+  __shared__ float route_weight[kRouteSlots];
+  constexpr bool routed_here = ROUTED;
+  if constexpr (routed_here) {
+    if (warp == 0) {
+      const float logit = lane < p.route_E ? __ldg(p.route_logits + lane) : 0.f;
+      const OneTokenChoice c = route_one_token(logit, p.route_E, p.route_topk, p.route_renorm != 0);
+      const unsigned chosen = __ballot_sync(0xffffffffu, c.chosen);
+      if (c.chosen) {
+        const int j = __popc(chosen & ((1u << lane) - 1u));
+        route_expert[j] = lane;
+        route_slot[j] = c.rank;
+        route_weight[c.rank] = c.weight;
+      }
+    }
+    __syncthreads();
+  }
   auto total_items = [&] {
-    const int num_mb = p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
+    const int num_mb = routed_here ? p.route_topk : p.mb_count >= 0 ? p.mb_count : (__ldg(p.ntpp) / kDecodeBM);
     if constexpr (PARTS) return int64_t(num_mb) * nb_count * p.splits - pre_base + pre_total;
     else return int64_t(num_mb) * nb_count * p.splits;
   };
@@ -193,7 +217,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
     if (item >= total) break;
     if (p.item_claim && threadIdx.x == 0) next_claim = int(gridDim.x) + atomicAdd(p.item_claim, 1);
-    const WorkItem it = tables ? decode_item(p, PARTS ? item - pre_total + pre_base : item, nb_count) : pre_item(item);
+    const WorkItem it = tables ? decode_item(p, PARTS ? item - pre_total + pre_base : item, nb_count,
+                                             routed_here ? route_expert : nullptr)
+                               : pre_item(item);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     if (expert < 0) continue;  // block-uniform
     const int unit = nb * units_per_block + wp;
@@ -206,7 +232,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     // the wait: token t = (mb % pre_mps) * 8 + c takes its slice as choice topk - pre_slices + slice.
     int slot = -1;
     if (lane < kDecodeBM) {
-      if (tables) {
+      if (routed_here) {
+        slot = lane == 0 ? route_slot[mb] : -1;
+      } else if (tables) {
         const int s = __ldg(p.sorted_ids + int64_t(mb) * kDecodeBM + lane);
         slot = (s >= 0 && s < p.num_slots) ? s : -1;
       } else {
@@ -229,7 +257,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int s = __shfl_sync(0xffffffffu, slot, 2 * tig + e);
-        if (s >= 0) wt[e] = __ldg(p.topk_weights + s);
+        if (s >= 0) wt[e] = routed_here ? route_weight[s] : __ldg(p.topk_weights + s);
       }
     }
     const T* xrow = nullptr;
@@ -531,7 +559,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       for (int e = 0; e < 2; ++e) {
         const int s = e ? slot1 : slot0;
         if (s < 0) continue;
-        const float w = kEarlyWt ? wt[e] : __ldg(p.topk_weights + s);
+        const float w = kEarlyWt ? wt[e] : routed_here ? route_weight[s] : __ldg(p.topk_weights + s);
         float* orow = out + int64_t(s / p.topk) * p.out_stride;
 #pragma unroll
         for (int i = 0; i < NTW; ++i) {
@@ -546,13 +574,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 }
 
 // Blocks of the decode kernel resident per SM (cached per instantiation).
-template <class T, int BITS, bool DEFER, int CPG, int PPW, bool PARTS = false>
+template <class T, int BITS, bool DEFER, int CPG, int PPW, bool PARTS = false, bool ROUTED = false>
 int prepare_decode_variant() {
   static int bps = 0;
   static std::once_flag once;
   std::call_once(once, [] {
     WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG, PPW, PARTS>, kDecodeThreads, 0));
+        &bps, wna16_moe_decode_kernel<T, BITS, DEFER, CPG, PPW, PARTS, ROUTED>, kDecodeThreads, 0));
     if (bps < 1) throw Error("the decode kernel cannot be resident on this device");
   });
   return bps;
@@ -566,6 +594,11 @@ constexpr bool kDecodeHas4Tiles = BITS == 4;
 // The shared-slice parts variant (KParams::pre_parts > 1) exists for int4 static groups only.
 template <int BITS>
 constexpr bool kDecodeHasParts = BITS == 4;
+// The variant that routes one token itself (KParams::route_logits): int4, static groups of two
+// chunks (group 128) only, the layers it was measured on (decode_routes_token).
+template <int BITS>
+constexpr bool kDecodeRoutes = BITS == 4;
+constexpr int kDecodeRouteCpg = 2;
 
 // The chunks per group the static-group variants exist for (those dividing the pair kernel's ring
 // depth; the 4-tile variant covers the same ones by unrolling its 2-chunk ring twice for 4).
@@ -582,6 +615,7 @@ int prepare_decode_ppw() {
     a = std::min(a, prepare_decode_variant<T, BITS, true, 1, PPW>());
     a = std::min(a, prepare_decode_variant<T, BITS, true, 2, PPW>());
     if constexpr (decode_static_cpg<BITS>(4)) a = std::min(a, prepare_decode_variant<T, BITS, true, 4, PPW>());
+    if constexpr (kDecodeRoutes<BITS>) a = std::min(a, prepare_decode_variant<T, BITS, true, 2, PPW, false, true>());
     if constexpr (kDecodeHasParts<BITS>) {
       a = std::min(a, prepare_decode_variant<T, BITS, true, 1, PPW, true>());
       a = std::min(a, prepare_decode_variant<T, BITS, true, 2, PPW, true>());
@@ -606,6 +640,16 @@ void launch_decode_ppw(const cudaLaunchConfig_t& cfg, const KParams& kp) {
       const bool stat = kp.static_groups && decode_static_cpg<BITS>(kp.chunks_per_group) &&
                         kp.kc_per_split % kp.chunks_per_group == 0;
       const int cpg = stat ? kp.chunks_per_group : 0;
+      if (kp.route_logits) {
+        if constexpr (kDecodeRoutes<BITS>) {
+          if (cpg == kDecodeRouteCpg && kp.pre_parts <= 1) {
+            WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, true, kDecodeRouteCpg, PPW, false, true>, kp));
+            return;
+          }
+        }
+        throw Error("decode kernel: one token routed in the kernel needs int4 static groups of " +
+                    std::to_string(kDecodeRouteCpg) + " chunks (chunks per group " + std::to_string(cpg) + ")");
+      }
       if constexpr (kDecodeHasParts<BITS>) {
         if (kp.pre_parts > 1) {
           if (cpg != 1 && cpg != 2 && cpg != 4)
@@ -627,6 +671,7 @@ void launch_decode_ppw(const cudaLaunchConfig_t& cfg, const KParams& kp) {
     }
   }
   if (kp.pre_parts > 1) throw Error("decode kernel: shared-slice parts need the int4 static-group variants");
+  if (kp.route_logits) throw Error("decode kernel: one token routed in the kernel needs deferred scaling");
   WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, wna16_moe_decode_kernel<T, BITS, false, 0, PPW>, kp));
 }
 

@@ -305,6 +305,11 @@ struct KParams {
   int32_t* pre_count;
   int pre_base;          // decode kernel only: the shared slices' items (whole K), and x pre_parts
   int pre_total;
+  // Decode kernel only, one token (GemmRun::route_logits): the token's [route_E] fp32 router
+  // logits; the kernel routes it itself (route_one_token) instead of reading the align tables and
+  // routing weights. Null: off.
+  const float* route_logits;
+  int route_E, route_topk, route_renorm;
 };
 
 // A work item of the persistent loops (staged, decode and prefill kernels): (m-block, n-block,
@@ -314,7 +319,10 @@ struct KParams {
 struct WorkItem {
   int split, nb, mb, expert;
 };
-__device__ __forceinline__ WorkItem decode_item(const KParams& p, int64_t item, int nb_count) {
+// route_expert: the experts of the m-blocks where the kernel routed the token itself (shared
+// memory), else null (expert_ids).
+__device__ __forceinline__ WorkItem decode_item(const KParams& p, int64_t item, int nb_count,
+                                                const int* route_expert = nullptr) {
   WorkItem w;
   // (m-block, outer, inner): the inner index varies fastest (the split, or the n-block).
   const int inner_n = p.split_major ? nb_count : p.splits;
@@ -325,7 +333,7 @@ __device__ __forceinline__ WorkItem decode_item(const KParams& p, int64_t item, 
   w.mb = p.mb_begin + int(rest / outer_n);
   w.split = p.split_major ? outer : inner;
   w.nb = p.split_major ? inner : outer;
-  w.expert = __ldg(p.expert_ids + w.mb);
+  w.expert = route_expert ? route_expert[w.mb] : __ldg(p.expert_ids + w.mb);
   return w;
 }
 

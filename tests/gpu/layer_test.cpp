@@ -93,6 +93,12 @@ QuantScheme scheme_of(Format f, int bits, int g, bool sym, bool act_order = fals
   return q;
 }
 
+std::string fmt_case(const MoeLayerSpec& spec, const QuantScheme& scheme, DType act) {
+  return spec.name + " H=" + std::to_string(spec.hidden) + " I=" + std::to_string(spec.inter) + " E=" +
+         std::to_string(spec.routing.num_experts) + " k=" + std::to_string(spec.routing.top_k) +
+         (spec.routing.renormalize ? " renorm " : " ") + scheme.describe() + " " + dtype_name(act);
+}
+
 void check_layer(const MoeLayerSpec& spec, const QuantScheme& scheme, DType act, std::vector<int64_t> Ms,
                  uint64_t seed = 1) {
   SCOPED_TRACE(spec.name + " " + scheme.describe() + " " + dtype_name(act));
@@ -287,6 +293,75 @@ TEST(CudaLayer, AllTokensOnOneExpert) {
     for (int32_t id : r.ids) ASSERT_EQ(id, 5);
     EXPECT_LT(layer_error(s, w, layer, DType::BF16, M, 77), layer_tolerance(DType::BF16)) << "M=" << M;
   }
+}
+
+// One token without shared experts, softmax routing over at most 32 experts, int4 in groups of
+// 128: the decode GEMMs route the token themselves from the router logits and no routing kernel
+// runs (gemm_routes). The layer equals the reference and the per-expert loop (which routes with
+// the routing kernel) for E from 1 to 32, top-k 1 to 8, with and without renormalisation, zero
+// points, bf16 / f16, a layer wide enough for the m-block handoff (2048 x 8192, two experts), tied
+// logits (a zero router: the lowest experts win, equal weights), and a graph replayed on a new
+// token; other weights (int8, groups of 64) take the routing kernel and must match as well.
+TEST(CudaLayer, OneTokenRoutedInTheGemms) {
+  WNA16_REQUIRE_GPU();
+  struct Case {
+    int64_t H, I;
+    int E, k;
+    bool renorm;
+    QuantScheme q;
+    DType act;
+  };
+  const Case cases[] = {
+      {256, 128, 8, 2, true, scheme_of(Format::GptqV1, 4, 128, true), DType::BF16},
+      {256, 256, 32, 4, false, scheme_of(Format::Awq, 4, 128, false), DType::F16},
+      {384, 128, 32, 8, true, scheme_of(Format::GptqV2, 4, 128, false), DType::BF16},
+      {256, 128, 1, 1, false, scheme_of(Format::GptqV1, 4, 128, true), DType::F16},
+      {2048, 8192, 2, 2, true, scheme_of(Format::GptqV1, 4, 128, true), DType::BF16},
+      {512, 128, 2, 2, true, scheme_of(Format::GptqV1, 8, 128, true), DType::BF16},
+      {256, 192, 8, 2, true, scheme_of(Format::GptqV2, 4, 64, false), DType::F16},
+  };
+  for (const Case& c : cases) {
+    MoeLayerSpec s = spec_of("gemm-routed", c.H, c.I, c.E, c.k);
+    s.routing.renormalize = c.renorm;
+    SCOPED_TRACE(fmt_case(s, c.q, c.act));
+    MoeLayerWeights w = random_layer(s, c.q, 31);
+    for (int tied = 0; tied < 2; ++tied) {
+      if (tied) std::fill(w.router.begin(), w.router.end(), 0.f);
+      const CudaMoeLayer layer(s, w);
+      EXPECT_LT(layer_error(s, w, layer, c.act, 1, 41), layer_tolerance(c.act)) << "tied logits " << tied;
+      EXPECT_LT(layer_error(s, w, layer, c.act, 1, 41, Path::PerExpertLoop), layer_tolerance(c.act))
+          << "loop, tied logits " << tied;
+    }
+  }
+  // Captured once, replayed on a new token.
+  const MoeLayerSpec s = spec_of("gemm-routed-graph", 256, 128, 8, 2);
+  const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 32);
+  const CudaMoeLayer layer(s, w);
+  const DType act = DType::BF16;
+  const Inputs a = random_inputs(1, s.hidden, act, 51), b = random_inputs(1, s.hidden, act, 52);
+  Dev x(size_t(s.hidden) * 2), out(size_t(s.hidden) * 2), ws(layer.workspace_bytes(1));
+  cudaStream_t st;
+  CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  CUDA_OK(cudaMemcpy(x.p, a.x.data(), size_t(s.hidden) * 2, cudaMemcpyHostToDevice));
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  layer.forward(x.p, out.p, 1, act, ws.p, layer.workspace_bytes(1), st);
+  CUDA_OK(cudaStreamEndCapture(st, &graph));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaMemcpy(x.p, b.x.data(), size_t(s.hidden) * 2, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemset(out.p, 0xFF, size_t(s.hidden) * 2));
+  CUDA_OK(cudaGraphLaunch(exec, st));
+  CUDA_OK(cudaStreamSynchronize(st));
+  std::vector<uint16_t> o(size_t(s.hidden));
+  CUDA_OK(cudaMemcpy(o.data(), out.p, o.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> of(o.size());
+  for (size_t i = 0; i < o.size(); ++i) of[i] = from_act(act, o[i]);
+  const std::vector<double> ref = moe_reference(s, w, b.xf.data(), 1);
+  EXPECT_LT(rel_error(of.data(), ref.data(), s.hidden), layer_tolerance(act)) << "graph replay on a new token";
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(st));
 }
 
 TEST(CudaLayer, PerExpertLoopBaselineMatches) {

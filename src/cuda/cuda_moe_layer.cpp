@@ -2,7 +2,8 @@
 // per-call pipeline on one stream:
 //   router logits (fp32; also zeroes out_f32; plain launch)
 //   -> routing (also appends the shared-expert slots) -> align (route_and_align; for one token
-//      the routing kernel writes the align tables itself); programmatic dependent launches
+//      the routing kernel writes the align tables itself, and where gemm_routes() the GEMMs
+//      route the token themselves from the logits instead); programmatic dependent launches
 //   -> act-order only: x gathered per slot in each slot's expert's k order (launch_gather_slots)
 //   -> GEMM1 (gate/up, SiLU*up, intermediate in act dtype; a programmatic dependent of align that
 //      waits for it first, but at decode runs the shared slices' m-blocks before that wait)

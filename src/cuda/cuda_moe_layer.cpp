@@ -253,7 +253,8 @@ struct CudaMoeLayer::Impl {
   // One token, no shared slices, softmax routing over at most 32 experts (Mixtral), int4 in groups
   // of 128 on the decode kernel: both GEMMs route the token themselves from the router logits
   // (GemmRun::route_logits) and no routing kernel runs, one launch and one grid-completion wait
-  // fewer before GEMM1's first weights (measured, docs/perf.md session 17: Mixtral M=1 -1.3 us).
+  // fewer before GEMM1's first weights (measured, docs/perf.md session 17: Mixtral M=1 57.0 -> 55.1
+  // us; with 128 experts, one lane ranking four, it lost 4.8 us at Qwen3-30B-A3B M=1).
   // A/B switch: WNA16_NO_GEMM_ROUTING=1.
   bool gemm_routes(int64_t M, int config) const {
     static const bool off = std::getenv("WNA16_NO_GEMM_ROUTING") != nullptr;

@@ -898,6 +898,56 @@ TEST(MoeGemm, SharedSlicePartsWhereItemsAreLong) {
   EXPECT_FALSE(shared_slice_parts_pay(act_order, 1));
 }
 
+// Where the decode kernel routes one token itself (decode_routes_token: int4 in groups of 128,
+// no act-order, whole groups along K), and launch_moe_gemm refusing route_logits elsewhere, naming
+// the value, before anything is launched. Host only.
+TEST(MoeGemm, RoutesOneTokenOnlyWhereTheVariantExists) {
+  int dummy[8] = {};
+  auto shape = [&](int bits, int64_t K, int64_t group) {
+    DeviceGemm d = tiny_host_gemm(dummy);
+    d.bits = bits, d.E = 8, d.K = K, d.N = 256, d.NT = 16, d.group_len = group, d.G = K / group;
+    return d;
+  };
+  const bool switches_off = std::getenv("WNA16_NO_DEFER") || std::getenv("WNA16_NO_STATIC_GROUPS");
+  EXPECT_EQ(decode_routes_token(shape(4, 4096, 128)), !switches_off);
+  EXPECT_FALSE(decode_routes_token(shape(4, 4096, 64)));
+  EXPECT_FALSE(decode_routes_token(shape(4, 4096, 4096)));
+  EXPECT_FALSE(decode_routes_token(shape(8, 4096, 128)));
+  EXPECT_FALSE(decode_routes_token(shape(4, 192, 64)));
+  DeviceGemm act_order = shape(4, 4096, 128);
+  act_order.perm = dummy;
+  EXPECT_FALSE(decode_routes_token(act_order));
+
+  const float logits[8] = {};
+  auto run = [&](int E, int topk, int64_t slots) {
+    GemmRun r;
+    r.topk = topk;
+    r.num_slots = slots;
+    r.sorted_ids = r.expert_ids = r.num_tokens_post_padded = dummy;
+    r.max_blocks = 64;
+    r.x = r.out = dummy;
+    r.x_stride = 4096;
+    r.route_logits = logits;
+    r.route_E = E;
+    r.route_topk = topk;
+    return r;
+  };
+  auto refusal = [](const DeviceGemm& w, const GemmRun& r) {
+    try {
+      launch_moe_gemm(w, r, nullptr);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const DeviceGemm w = shape(4, 4096, 128);
+  EXPECT_NE(refusal(w, run(33, 2, 2)).find("E=33"), std::string::npos) << refusal(w, run(33, 2, 2));
+  EXPECT_NE(refusal(w, run(8, 2, 4)).find("num_slots=4"), std::string::npos) << "two tokens";
+  EXPECT_NE(refusal(w, run(2, 3, 3)).find("top_k=3"), std::string::npos) << "top_k > E";
+  EXPECT_NE(refusal(shape(8, 4096, 128), run(8, 2, 2)).find("bits 8"), std::string::npos) << "int8";
+  EXPECT_NE(refusal(shape(4, 4096, 64), run(8, 2, 2)).find("group length 64"), std::string::npos) << "group 64";
+}
+
 TEST(MoeGemm, RefusesBadShapes) {
   WNA16_REQUIRE_GPU();
   DeviceGemm d;

@@ -477,6 +477,13 @@ DeviceGemm tiny_host_gemm(const int* dummy) {
   d.scales = reinterpret_cast<const uint32_t*>(dummy);
   return d;
 }
+// A host-only GEMM of the given shape (N = NT * 16, groups of `group` along K) for the launcher's
+// predicates and refusals: its pointers are never dereferenced.
+DeviceGemm host_gemm_shape(const int* dummy, int bits, int64_t E, int64_t K, int64_t N, int64_t group) {
+  DeviceGemm d = tiny_host_gemm(dummy);
+  d.bits = bits, d.E = E, d.K = K, d.N = N, d.NT = N / 16, d.group_len = group, d.G = K / group;
+  return d;
+}
 
 TEST(MoeGemm, PrefillRefusesActOrder) {
   const int config = config_named("m144w");
@@ -836,11 +843,7 @@ TEST(MoeGemm, DecodeRunsSharedSlicesAheadOfTheWait) {
 TEST(MoeGemm, HandoffWhereGemm1FillsTheGpu) {
   WNA16_REQUIRE_GPU();
   int dummy[8] = {};
-  auto shape = [&](int64_t E, int64_t K, int64_t N) {
-    DeviceGemm d = tiny_host_gemm(dummy);
-    d.E = E, d.K = K, d.N = N, d.NT = N / 16, d.group_len = 128, d.G = K / 128;
-    return d;
-  };
+  auto shape = [&](int64_t E, int64_t K, int64_t N) { return host_gemm_shape(dummy, 4, E, K, N, 128); };
   auto run = [](int64_t M, int topk, int config) {
     GemmRun r;
     r.config = config;
@@ -881,11 +884,7 @@ TEST(MoeGemm, HandoffSlotsHoldEveryPair) {
 // no; never at 4 tokens, int8, groups of 32 or per channel, or act-order. Host only.
 TEST(MoeGemm, SharedSlicePartsWhereItemsAreLong) {
   int dummy[8] = {};
-  auto shape = [&](int bits, int64_t K, int64_t group) {
-    DeviceGemm d = tiny_host_gemm(dummy);
-    d.bits = bits, d.E = 9, d.K = K, d.N = 4096, d.NT = 256, d.group_len = group, d.G = K / group;
-    return d;
-  };
+  auto shape = [&](int bits, int64_t K, int64_t group) { return host_gemm_shape(dummy, bits, 9, K, 4096, group); };
   EXPECT_TRUE(shared_slice_parts_pay(shape(4, 7168, 128), 1));
   EXPECT_TRUE(shared_slice_parts_pay(shape(4, 4096, 64), 1));
   EXPECT_FALSE(shared_slice_parts_pay(shape(4, 7168, 128), 4));
@@ -903,11 +902,7 @@ TEST(MoeGemm, SharedSlicePartsWhereItemsAreLong) {
 // the value, before anything is launched. Host only.
 TEST(MoeGemm, RoutesOneTokenOnlyWhereTheVariantExists) {
   int dummy[8] = {};
-  auto shape = [&](int bits, int64_t K, int64_t group) {
-    DeviceGemm d = tiny_host_gemm(dummy);
-    d.bits = bits, d.E = 8, d.K = K, d.N = 256, d.NT = 16, d.group_len = group, d.G = K / group;
-    return d;
-  };
+  auto shape = [&](int bits, int64_t K, int64_t group) { return host_gemm_shape(dummy, bits, 8, K, 256, group); };
   const bool switches_off = std::getenv("WNA16_NO_DEFER") || std::getenv("WNA16_NO_STATIC_GROUPS");
   EXPECT_EQ(decode_routes_token(shape(4, 4096, 128)), !switches_off);
   EXPECT_FALSE(decode_routes_token(shape(4, 4096, 64)));

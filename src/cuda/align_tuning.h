@@ -20,6 +20,7 @@ struct AlignTuning {
   int slots_per_cta = 2048;   // cluster size = clamp(ceil(num_slots / slots_per_cta), 1, max cluster)
   bool plain_single = false;  // a one-CTA grid is launched without the cluster attribute
   bool pdl = true;            // programmatic dependent launch: set-up overlaps the previous kernel
+  bool stage = true;          // scatter through shared memory where a CTA's slots fit (coalesced stores)
   int small_max_slots = kAlignSmallMaxSlots;  // num_slots <= this: the small path (0: never)
   const char* name = "ballot/2048/pdl";
 };

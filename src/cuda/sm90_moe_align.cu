@@ -19,11 +19,18 @@
 //              construction). NOTE: ballots rather than __match_any_sync: a fixed, small cost
 //              (ceil(log2 E) votes) whatever the number of distinct experts in the round.
 //  2. prefix:  thread e turns column e of the count table into per-warp exclusive offsets and the
-//              CTA total; after a cluster barrier it reads the other CTAs' totals (DSMEM), pads each
-//              expert's total to block_m and takes a block-wide exclusive scan over experts.
-//  3. scatter: the same walk over the chunk again; the shared counter now returns the output
-//              position, lane rank among its peers added: slot s lands at a position that only
-//              depends on (expert, s), so the result is deterministic and stable.
+//              CTA total. Each CTA pushes its row of totals into every CTA's shared memory (DSMEM,
+//              16-byte stores) and passes one cluster barrier; then thread e sums the rows of the
+//              lower CTAs and of all CTAs, pads each expert's total to block_m and takes a
+//              block-wide exclusive scan over experts (paired with a scan of the CTA's own totals:
+//              the staging offsets).
+//  3. scatter: the same walk over the chunk again; the shared counter now returns the position,
+//              lane rank among its peers added: slot s lands at a position that only depends on
+//              (expert, s), so the result is deterministic and stable. Where the CTA's slots fit
+//              in shared memory (the default 2048 per CTA do), the walk writes a staging buffer
+//              ordered as the output and a second pass copies it out: a CTA's slots of one expert
+//              are one contiguous run of the output, so the global stores coalesce. Otherwise the
+//              walk writes the output directly.
 //  4. fill:    the padding of every expert's run, the tail past the padded total (sentinel) and
 //              expert_ids (binary search over the padded offsets; -1 past the padded total), spread
 //              over every thread of the cluster. The padding and the scattered slots never overlap,
@@ -49,14 +56,21 @@ namespace {
 namespace cg = cooperative_groups;
 
 // ---- configuration (may change speed, never results) -------------------------------------------
-constexpr int kAlignThreads = 1024;  // one thread per expert in the prefix step, so E <= 1024
-constexpr int kAlignWarps = kAlignThreads / 32;
-constexpr int kAlignMaxExperts = kAlignThreads;
-constexpr int kAlignUnroll = 8;          // rounds of 32 ids loaded before the first is used (MLP)
-constexpr int kAlignMaxCluster = 16;     // non-portable on Hopper; the launcher falls back to 8..1
-static_assert(kAlignThreads % 32 == 0 && kAlignThreads <= 1024, "block size");
-static_assert(kAlignWarps <= 32, "the block scan reduces the warp totals with one warp");
-static_assert(kAlignMaxExperts <= kAlignThreads, "the prefix step gives each expert one thread");
+// The cluster kernel comes in two block sizes: each expert gets one thread in the prefix step, so
+// 1024 threads hold E <= 1024, and 512 (fewer warps to pass each barrier and to sum per expert:
+// ~1 us less at E = 256 and 32k slots on the H200) hold E <= 512.
+constexpr int kAlignMaxThreads = 1024;
+constexpr int kAlignMaxExperts = kAlignMaxThreads;
+constexpr int kAlignSmallThreads = 1024;  // the small path: one thread per slot
+constexpr int kAlignUnroll = 4;           // rounds of 32 ids loaded before the first is used (MLP)
+constexpr int kAlignMaxCluster = 16;      // non-portable on Hopper; the launcher falls back to 8..1
+// Dynamic shared memory the cluster kernel may take (its count table, the cluster's per-CTA totals
+// and, where it fits, the staging buffer); H200 allows 227 KB per block with the static part.
+constexpr size_t kAlignMaxDynamicSmem = 200 * 1024;
+// A staged entry: expert id above, slot offset within the CTA below (E <= 1024: 10 + 21 bits).
+constexpr int kStageSlotBits = 21;
+static_assert(kAlignMaxThreads / 32 <= 32, "the block scan reduces the warp totals with one warp");
+static_assert(kAlignMaxExperts <= (1 << (31 - kStageSlotBits)), "a staged entry holds every expert id");
 
 __device__ __forceinline__ unsigned lanemask_lt() {
   unsigned m;
@@ -64,13 +78,12 @@ __device__ __forceinline__ unsigned lanemask_lt() {
   return m;
 }
 
-// Split cluster barrier: arrive once this CTA is done reading the others' shared memory, wait just
-// before exiting (a CTA's shared memory must outlive every remote read of it).
-__device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+// Split cluster barrier (relaxed: it orders nothing by itself; each use says what it is for).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
 }
-__device__ __forceinline__ void cluster_wait_acquire() {
-  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait;\n" ::: "memory");
 }
 
 // The lanes of this warp whose key equals this lane's (valid keys >= 0). kPeers = 0: one
@@ -100,32 +113,36 @@ __device__ __forceinline__ unsigned warp_peers(int key) {
 // write out of bounds.
 // first: the keys of the chunk's first 32 * kAlignUnroll slots, kept in registers by the count
 // walk for the scatter walk (at the common sizes that is the whole chunk: no second load).
+// out: where scatter mode writes. stage_base < 0: out is sorted_token_ids and gets the slot id;
+// else out is the CTA's shared staging buffer and gets the slot packed with its expert
+// (key << kStageSlotBits | slot - stage_base).
 template <bool kScatter, int kPeers>
-__device__ __forceinline__ void walk_chunk(const int32_t* __restrict__ topk_ids, int64_t begin,
-                                           int64_t end, int E, int32_t* row, int32_t* sorted,
-                                           int (&first)[kAlignUnroll]) {
+__device__ __forceinline__ void walk_chunk(const int32_t* __restrict__ topk_ids, int begin, int end, int E,
+                                           int32_t* row, int32_t* out, int stage_base, int (&first)[kAlignUnroll]) {
   const int lane = threadIdx.x & 31;
   const unsigned lt = lanemask_lt();
-  for (int64_t base = begin; base < end; base += 32 * kAlignUnroll) {
+  const int n = end - begin;  // offsets from begin: no int overflow near INT32_MAX slots
+  for (int done = 0; done < n; done += 32 * kAlignUnroll) {
+    const int left = n - done;  // > 0
     int key[kAlignUnroll];
-    if (kScatter && base == begin) {
+    if (kScatter && done == 0) {
 #pragma unroll
       for (int u = 0; u < kAlignUnroll; ++u) key[u] = first[u];
     } else {
 #pragma unroll
       for (int u = 0; u < kAlignUnroll; ++u) {
-        const int64_t s = base + u * 32 + lane;
-        const int v = s < end ? __ldg(topk_ids + s) : -1;
+        const int off = u * 32 + lane;
+        const int v = off < left ? __ldg(topk_ids + begin + done + off) : -1;
         key[u] = (unsigned)v < (unsigned)E ? v : -1;
       }
-      if (!kScatter && base == begin) {
+      if (!kScatter && done == 0) {
 #pragma unroll
         for (int u = 0; u < kAlignUnroll; ++u) first[u] = key[u];
       }
     }
 #pragma unroll
     for (int u = 0; u < kAlignUnroll; ++u) {
-      if (base + u * 32 >= end) break;  // warp-uniform
+      if (u * 32 >= left) break;  // warp-uniform
       if constexpr (!kScatter) {
         if (key[u] >= 0) atomicAdd(row + key[u], 1);
       } else {
@@ -137,60 +154,67 @@ __device__ __forceinline__ void walk_chunk(const int32_t* __restrict__ topk_ids,
         __syncwarp();
         if (key[u] >= 0 && lane == leader) old = atomicAdd(row + key[u], __popc(peers));
         old = __shfl_sync(0xffffffffu, old, leader & 31);
-        if (key[u] >= 0) sorted[old + __popc(peers & lt)] = static_cast<int32_t>(base + u * 32 + lane);
+        if (key[u] >= 0) {
+          const int slot = begin + done + u * 32 + lane;
+          out[old + __popc(peers & lt)] = stage_base < 0 ? slot : (key[u] << kStageSlotBits) | (slot - stage_base);
+        }
       }
     }
   }
 }
 
-// Block-wide inclusive scan of one int per thread (blockDim.x threads, a multiple of 32).
-__device__ __forceinline__ int block_inclusive_scan(int v, int* warp_sums) {
+// Block-wide inclusive scan of a pair of ints per thread (blockDim.x threads, a multiple of 32):
+// two scans for the barriers of one.
+__device__ __forceinline__ int2 block_inclusive_scan(int2 v, int2* warp_sums) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
-    const int n = __shfl_up_sync(0xffffffffu, v, d);
-    if (lane >= d) v += n;
+    const int nx = __shfl_up_sync(0xffffffffu, v.x, d), ny = __shfl_up_sync(0xffffffffu, v.y, d);
+    if (lane >= d) v.x += nx, v.y += ny;
   }
   if (lane == 31) warp_sums[warp] = v;
   __syncthreads();
   if (warp == 0) {
     const int n_warps = static_cast<int>(blockDim.x >> 5);
-    int w = lane < n_warps ? warp_sums[lane] : 0;
+    int2 w = lane < n_warps ? warp_sums[lane] : make_int2(0, 0);
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
-      const int n = __shfl_up_sync(0xffffffffu, w, d);
-      if (lane >= d) w += n;
+      const int nx = __shfl_up_sync(0xffffffffu, w.x, d), ny = __shfl_up_sync(0xffffffffu, w.y, d);
+      if (lane >= d) w.x += nx, w.y += ny;
     }
     if (lane < n_warps) warp_sums[lane] = w;
   }
   __syncthreads();
-  return warp > 0 ? v + warp_sums[warp - 1] : v;
+  if (warp > 0) v.x += warp_sums[warp - 1].x, v.y += warp_sums[warp - 1].y;
+  return v;
 }
 
-// Thread tid < E holds expert tid's token count: each expert's run padded to block_m, the block
-// scan of the padded runs, offsets[tid] (offsets[E] = the padded total) and expert_total[tid].
-// Returns tid's exclusive padded offset (0 past E). Every thread of the block calls it.
-__device__ __forceinline__ int padded_offsets(int total, int E, int block_m, int* warp_sums, int* offsets,
-                                              int* expert_total) {
+// Thread tid < E holds expert tid's token count `total` (and a second count `local`, scanned
+// alongside): each expert's run padded to block_m, the block scan of the padded runs,
+// offsets[tid] (offsets[E] = the padded total) and expert_total[tid]. Returns tid's exclusive
+// padded offset and the inclusive scan of `local` (both 0 past E). Every thread of the block calls it.
+__device__ __forceinline__ int2 padded_offsets(int total, int local, int E, int block_m, int2* warp_sums, int* offsets,
+                                               int* expert_total) {
   const int tid = threadIdx.x;
   const int padded = tid < E ? (total + block_m - 1) / block_m * block_m : 0;
-  const int incl = block_inclusive_scan(padded, warp_sums);
+  const int2 incl = block_inclusive_scan(make_int2(padded, tid < E ? local : 0), warp_sums);
   if (tid < E) {
-    offsets[tid] = incl - padded;
+    offsets[tid] = incl.x - padded;
     expert_total[tid] = total;
-    if (tid == E - 1) offsets[E] = incl;
+    if (tid == E - 1) offsets[E] = incl.x;
   }
-  return incl - padded;
+  return make_int2(incl.x - padded, incl.y);
 }
 
-// Step 4, spread over n_threads threads (gthread: this thread's rank; gwarp: its warp's rank among
-// n_warps): the padding of every expert's run, the tail past the padded total (sentinel) and
-// expert_ids. Reads only offsets and expert_total (complete before the call). The padding and the
-// scattered slots never overlap, so no ordering with the scatter is needed.
+// Step 4: the padding of every expert's run and the tail past the padded total (sentinel), spread
+// over n_threads threads (gthread: this thread's rank; gwarp: its warp's rank among n_warps), and
+// expert_ids, cut into n_parts contiguous parts, part `part` spread over this block's threads.
+// Reads only offsets and expert_total (complete before the call). The padding and the scattered
+// slots never overlap, so no ordering with the scatter is needed.
 __device__ __forceinline__ void fill_padding_and_blocks(const int32_t* offsets, const int32_t* expert_total, int E,
                                                         int block_m, int num_slots, int padded_cap, int num_blocks,
-                                                        int gwarp, int n_warps, int gthread, int n_threads,
-                                                        int32_t* __restrict__ sorted,
+                                                        int gwarp, int n_warps, int gthread, int n_threads, int part,
+                                                        int n_parts, int32_t* __restrict__ sorted,
                                                         int32_t* __restrict__ expert_ids) {
   const int lane = threadIdx.x & 31;
   const int padded_total = offsets[E];
@@ -210,7 +234,9 @@ __device__ __forceinline__ void fill_padding_and_blocks(const int32_t* offsets, 
   for (int64_t p = int64_t(padded_total) + gthread; p < padded_cap; p += n_threads) sorted[p] = sentinel;
   // expert_ids: the expert whose padded run holds the block's first entry: the largest e with
   // offsets[e] <= pos (experts with no slots have an empty run and are skipped by "largest").
-  for (int64_t b = gthread; b < num_blocks; b += n_threads) {
+  const int per_part = (num_blocks + n_parts - 1) / n_parts;
+  const int b_end = min(num_blocks, (part + 1) * per_part);
+  for (int b = part * per_part + static_cast<int>(threadIdx.x); b < b_end; b += static_cast<int>(blockDim.x)) {
     const int64_t pos = int64_t(b) * block_m;
     int e = -1;
     if (pos < padded_total) {
@@ -225,89 +251,124 @@ __device__ __forceinline__ void fill_padding_and_blocks(const int32_t* offsets, 
   }
 }
 
-// The grid is exactly one cluster. padded_cap = max_padded_slots, num_blocks = max_align_blocks.
-// kPeers: how scatter rounds find same-expert lanes (see warp_peers).
-template <int kPeers>
-__global__ void __launch_bounds__(kAlignThreads, 1)
+// The grid is exactly one cluster of kThreads-thread CTAs (E <= kThreads). padded_cap =
+// max_padded_slots, num_blocks = max_align_blocks. kPeers: how scatter rounds find same-expert
+// lanes (see warp_peers). staged: the CTA's slots go through the shared staging buffer (the
+// launcher checks that they fit).
+// Dynamic shared memory: counts [kWarps][E], totals [n_cta][round_up(E, 4)], then the staging buffer.
+template <int kThreads, int kPeers>
+__global__ void __launch_bounds__(kThreads, 1)
     moe_align_kernel(const int32_t* __restrict__ topk_ids, int num_slots, int E, int block_m,
-                     int padded_cap, int num_blocks, int32_t* __restrict__ sorted,
+                     int padded_cap, int num_blocks, int staged, int32_t* __restrict__ sorted,
                      int32_t* __restrict__ expert_ids, int32_t* __restrict__ post_padded) {
-  extern __shared__ int32_t counts[];                // [kAlignWarps][E]: per-warp counters
-  __shared__ int32_t cta_total[kAlignMaxExperts];    // this CTA's slots per expert (read remotely)
-  __shared__ int32_t expert_total[kAlignMaxExperts]; // all slots per expert (cluster-wide)
-  __shared__ int32_t offsets[kAlignMaxExperts + 1];  // padded exclusive offsets; [E] = padded total
-  __shared__ int32_t warp_sums[kAlignWarps];
+  constexpr int kWarps = kThreads / 32;
+  extern __shared__ int4 dynamic_smem[];
+  __shared__ int4 cta_row4[kThreads / 4];    // this CTA's slots per expert (pushed to every CTA)
+  __shared__ int32_t expert_total[kThreads]; // all slots per expert (cluster-wide)
+  __shared__ int32_t offsets[kThreads + 1];  // padded exclusive offsets; [E] = padded total
+  __shared__ int32_t stage_shift[kThreads];  // output position - staging position, per expert
+  __shared__ int2 warp_sums[kWarps];
+  __shared__ int32_t n_staged;
 
   const cg::cluster_group cluster = cg::this_cluster();
   const int n_cta = static_cast<int>(cluster.num_blocks());
   const int cta = static_cast<int>(cluster.block_rank());
   const int tid = threadIdx.x, warp = tid >> 5;
+  const int E4 = (E + 3) / 4 * 4;  // totals rows of whole int4s
+  int32_t* const counts = reinterpret_cast<int32_t*>(dynamic_smem);  // per-warp counters
+  int32_t* const totals = counts + kWarps * E;  // [r][e]: CTA r's slots of expert e (16-byte aligned)
+  int32_t* const stage = totals + n_cta * E4;    // this CTA's slots in output order
+  int32_t* const cta_row = reinterpret_cast<int32_t*>(cta_row4);
 
+  // Arrive now, wait before the first remote store: by then every CTA of the cluster has started
+  // (its shared memory exists). The arrive orders nothing, so it may be relaxed.
+  cluster_arrive_relaxed();
   // Programmatic dependent launch (no-ops without the launch attribute): let the next kernel in
   // the stream start launching now (it must wait for our completion before reading our outputs),
   // and wait for the previous kernel (which writes topk_ids, or still reads our outputs) before
   // the first global access. Only the shared-memory set-up overlaps the previous kernel.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  for (int i = tid; i < kAlignWarps * E; i += kAlignThreads) counts[i] = 0;
+  for (int i = tid; i < kWarps * E; i += kThreads) counts[i] = 0;
   asm volatile("griddepcontrol.wait;" ::: "memory");
   __syncthreads();
 
   // This warp's chunk: contiguous, in slot order across (cta, warp), a multiple of 32 long.
-  const int64_t n_chunks = int64_t(n_cta) * kAlignWarps;
-  const int64_t chunk = (((num_slots + n_chunks - 1) / n_chunks) + 31) / 32 * 32;
-  const int64_t begin = std::min<int64_t>(int64_t(cta * kAlignWarps + warp) * chunk, num_slots);
-  const int64_t end = std::min<int64_t>(begin + chunk, num_slots);
+  const int n_chunks = n_cta * kWarps;
+  const int chunk = ((num_slots / n_chunks + (num_slots % n_chunks != 0)) + 31) / 32 * 32;
+  const int64_t cta_first = std::min<int64_t>(int64_t(cta) * kWarps * chunk, num_slots);
+  const int cta_begin = static_cast<int>(cta_first);
+  const int begin = static_cast<int>(std::min<int64_t>(int64_t(cta * kWarps + warp) * chunk, num_slots));
+  const int end = static_cast<int>(std::min<int64_t>(int64_t(begin) + chunk, num_slots));
   int32_t* row = counts + warp * E;
 
   int first[kAlignUnroll];
-  walk_chunk<false, kPeers>(topk_ids, begin, end, E, row, nullptr, first);
+  walk_chunk<false, kPeers>(topk_ids, begin, end, E, row, nullptr, -1, first);
   __syncthreads();
 
   // Column e of the count table -> per-warp exclusive offsets within this CTA (kept in registers
   // until the expert's output offset is known), and the CTA total.
-  int col[kAlignWarps];
+  int col[kWarps];
+  int run = 0;
   if (tid < E) {
-    int run = 0;
 #pragma unroll
-    for (int w = 0; w < kAlignWarps; ++w) {
+    for (int w = 0; w < kWarps; ++w) {
       const int v = counts[w * E + tid];
       col[w] = run;
       run += v;
     }
-    cta_total[tid] = run;
   }
-  __syncwarp();    // reconverge after the tid < E branch before the cluster barrier
-  cluster.sync();  // every CTA's cta_total is written and visible cluster-wide
+  if (tid < E4) cta_row[tid] = run;  // 0 past E
+  __syncthreads();
+  // Push the CTA's totals into every CTA's row for it, 16 bytes a store; the cluster barrier
+  // (release/acquire) then makes the n_cta rows of this CTA's own table visible to it. This CTA
+  // makes no remote access after it, so none can reach a CTA that has exited.
+  cluster_wait();
+  {
+    const int per_rank = E4 / 4;
+    for (int i = tid; i < n_cta * per_rank; i += kThreads) {
+      const int r = i / per_rank, q = i - r * per_rank;
+      int4* remote = reinterpret_cast<int4*>(cluster.map_shared_rank(totals + cta * E4, r));
+      remote[q] = cta_row4[q];
+    }
+  }
+  cluster.sync();
 
   int before = 0, total = 0;  // slots of expert tid in lower CTAs, and in all CTAs
   if (tid < E) {
-    // Unrolled to the largest cluster so that the remote loads are all in flight at once.
-#pragma unroll
-    for (int r = 0; r < kAlignMaxCluster; ++r) {
-      if (r < n_cta) {
-        const int v = *cluster.map_shared_rank(cta_total + tid, r);
-        before += r < cta ? v : 0;
-        total += v;
-      }
+    for (int r = 0; r < n_cta; ++r) {
+      const int v = totals[r * E4 + tid];
+      before += r < cta ? v : 0;
+      total += v;
     }
   }
-  cluster_arrive_release();  // done with remote shared memory; waited for before exit
-
-  const int offset = padded_offsets(total, E, block_m, warp_sums, offsets, expert_total);
+  // Offsets: padded, cluster-wide (output positions), and within this CTA's staging buffer.
+  const int2 scan = padded_offsets(total, run, E, block_m, warp_sums, offsets, expert_total);
   if (tid < E) {
-    const int base = offset + before;
+    const int out_base = scan.x + before, stage_base = scan.y - run;
+    stage_shift[tid] = out_base - stage_base;
+    if (tid == E - 1) n_staged = scan.y;
+    const int base = staged ? stage_base : out_base;
 #pragma unroll
-    for (int w = 0; w < kAlignWarps; ++w) counts[w * E + tid] = base + col[w];
+    for (int w = 0; w < kWarps; ++w) counts[w * E + tid] = base + col[w];
   }
   __syncthreads();
 
-  walk_chunk<true, kPeers>(topk_ids, begin, end, E, row, sorted, first);
+  if (staged) {
+    // Scatter into shared memory, then copy out in staging order: a CTA's slots of one expert are
+    // one contiguous run of the output, so the global stores coalesce.
+    walk_chunk<true, kPeers>(topk_ids, begin, end, E, row, stage, cta_begin, first);
+    __syncthreads();
+    for (int i = tid; i < n_staged; i += kThreads) {
+      const int v = stage[i];
+      sorted[i + stage_shift[v >> kStageSlotBits]] = cta_begin + (v & ((1 << kStageSlotBits) - 1));
+    }
+  } else {
+    walk_chunk<true, kPeers>(topk_ids, begin, end, E, row, sorted, -1, first);
+  }
 
-  fill_padding_and_blocks(offsets, expert_total, E, block_m, num_slots, padded_cap, num_blocks, cta * kAlignWarps + warp,
-                          n_cta * kAlignWarps, cta * kAlignThreads + tid, n_cta * kAlignThreads, sorted, expert_ids);
+  fill_padding_and_blocks(offsets, expert_total, E, block_m, num_slots, padded_cap, num_blocks, cta * kWarps + warp,
+                          n_cta * kWarps, cta * kThreads + tid, n_cta * kThreads, cta, n_cta, sorted, expert_ids);
   if (cta == 0 && tid == 0) *post_padded = offsets[E];
-
-  cluster_wait_acquire();
 }
 
 // The small path (num_slots <= kAlignSmallMaxSlots, the decode case): one plain CTA, one slot per
@@ -316,14 +377,14 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
 // each) + its rank among its same-expert lanes; no per-warp counter rows to clear, no second walk,
 // no cluster barrier. Same outputs as moe_align_kernel, bit for bit.
 template <int kPeers>
-__global__ void __launch_bounds__(kAlignThreads, 1)
+__global__ void __launch_bounds__(kAlignSmallThreads, 1)
     moe_align_small_kernel(const int32_t* __restrict__ topk_ids, int num_slots, int E, int block_m, int padded_cap,
                            int num_blocks, int32_t* __restrict__ sorted, int32_t* __restrict__ expert_ids,
                            int32_t* __restrict__ post_padded) {
   extern __shared__ uint32_t table_words[];           // [n_warps][E] uint8, cleared as words
   __shared__ int32_t expert_total[kAlignMaxExperts];  // all slots per expert
   __shared__ int32_t offsets[kAlignMaxExperts + 1];   // padded exclusive offsets; [E] = padded total
-  __shared__ int32_t warp_sums[kAlignWarps];
+  __shared__ int2 warp_sums[kAlignSmallThreads / 32];
   uint8_t* table = reinterpret_cast<uint8_t*>(table_words);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n_warps = (num_slots + 31) / 32;
@@ -354,7 +415,7 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
   int total = 0;
   if (tid < E)
     for (int w = 0; w < n_warps; ++w) total += table[w * E + tid];
-  padded_offsets(total, E, block_m, warp_sums, offsets, expert_total);
+  padded_offsets(total, 0, E, block_m, warp_sums, offsets, expert_total);
   __syncthreads();
 
   if (key >= 0) {
@@ -363,36 +424,45 @@ __global__ void __launch_bounds__(kAlignThreads, 1)
     sorted[pos] = tid;
   }
   fill_padding_and_blocks(offsets, expert_total, E, block_m, num_slots, padded_cap, num_blocks, warp, n_threads / 32,
-                          tid, n_threads, sorted, expert_ids);
+                          tid, n_threads, 0, 1, sorted, expert_ids);
   if (tid == 0) *post_padded = offsets[E];
 }
 
-using AlignKernel = void (*)(const int32_t*, int, int, int, int, int, int32_t*, int32_t*, int32_t*);
+using AlignKernel = void (*)(const int32_t*, int, int, int, int, int, int, int32_t*, int32_t*, int32_t*);
+using AlignSmallKernel = void (*)(const int32_t*, int, int, int, int, int, int32_t*, int32_t*, int32_t*);
 
 // The instantiations: kPeers = 0 (match_any) and ballots over 3, 6, 8 or 10 id bits (E <= 8, 64,
-// 256, 1024); a launch takes the narrowest that holds E - 1.
+// 256, 1024); a launch takes the narrowest that holds E - 1. The 1024-thread cluster kernel only
+// runs E > 512 (10 bits), so its table repeats that variant.
 constexpr int kAlignBallotBits[] = {3, 6, 8, 10};
-constexpr AlignKernel kAlignKernels[] = {moe_align_kernel<0>, moe_align_kernel<3>, moe_align_kernel<6>,
-                                         moe_align_kernel<8>, moe_align_kernel<10>};
+constexpr AlignKernel kAlignKernels512[] = {moe_align_kernel<512, 0>, moe_align_kernel<512, 3>, moe_align_kernel<512, 6>,
+                                            moe_align_kernel<512, 8>, moe_align_kernel<512, 10>};
+constexpr AlignKernel kAlignKernels1024[] = {moe_align_kernel<1024, 0>, moe_align_kernel<1024, 10>,
+                                             moe_align_kernel<1024, 10>, moe_align_kernel<1024, 10>,
+                                             moe_align_kernel<1024, 10>};
 static_assert((1 << kAlignBallotBits[3]) >= kAlignMaxExperts, "the widest ballot variant holds every id");
+// The cluster kernel's block size for E experts (one thread per expert in the prefix step).
+int cluster_threads(int E) { return E <= 512 ? 512 : 1024; }
+const AlignKernel (&cluster_kernels(int E))[5] { return E <= 512 ? kAlignKernels512 : kAlignKernels1024; }
 
-constexpr AlignKernel kAlignSmallKernels[] = {moe_align_small_kernel<0>, moe_align_small_kernel<3>,
-                                              moe_align_small_kernel<6>, moe_align_small_kernel<8>,
-                                              moe_align_small_kernel<10>};
-static_assert(kAlignSmallMaxSlots <= kAlignThreads, "the small path gives each slot one thread");
+constexpr AlignSmallKernel kAlignSmallKernels[] = {moe_align_small_kernel<0>, moe_align_small_kernel<3>,
+                                                   moe_align_small_kernel<6>, moe_align_small_kernel<8>,
+                                                   moe_align_small_kernel<10>};
+static_assert(kAlignSmallMaxSlots <= kAlignSmallThreads, "the small path gives each slot one thread");
 
-AlignKernel pick_kernel(const AlignKernel (&kernels)[5], int E, bool match_any) {
+template <typename Kernel>
+Kernel pick_kernel(const Kernel (&kernels)[5], int E, bool match_any) {
   if (match_any) return kernels[0];
   for (int i = 0; i < 4; ++i)
     if ((1 << kAlignBallotBits[i]) >= E) return kernels[i + 1];
   throw Error("moe_align: E=" + std::to_string(E) + " has no kernel variant");
 }
 
-__global__ void __launch_bounds__(kAlignThreads, 1) align_shaped_noop_kernel() {}
+__global__ void __launch_bounds__(1024, 1) align_shaped_noop_kernel() {}
 
 // attr must have room for 2 entries: the cluster shape, and programmatic stream serialisation (pdl).
-cudaLaunchConfig_t cluster_config(int n_cta, size_t smem, cudaStream_t stream, cudaLaunchAttribute* attr, bool cluster,
-                                  bool pdl = false) {
+cudaLaunchConfig_t cluster_config(int n_cta, int threads, size_t smem, cudaStream_t stream, cudaLaunchAttribute* attr,
+                                  bool cluster, bool pdl = false) {
   cudaLaunchConfig_t cfg = {};
   unsigned n = 0;
   if (cluster) {
@@ -408,7 +478,7 @@ cudaLaunchConfig_t cluster_config(int n_cta, size_t smem, cudaStream_t stream, c
     ++n;
   }
   cfg.gridDim = dim3(n_cta);
-  cfg.blockDim = dim3(kAlignThreads);
+  cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
@@ -416,16 +486,22 @@ cudaLaunchConfig_t cluster_config(int n_cta, size_t smem, cudaStream_t stream, c
   return cfg;
 }
 
-// Per-device launch facts, found once: the largest cluster the device co-schedules with the
-// largest shared-memory configuration (E = kAlignMaxExperts), and the attributes set on the kernels.
+// Per-device launch facts, found once: the dynamic shared memory the cluster kernel may take, the
+// largest cluster the device co-schedules for every variant with its largest configuration that
+// needs no staging (E = its block size), and the attributes set on the kernels.
 struct AlignDeviceInfo {
   std::once_flag once;
   int max_cluster = 1;
+  size_t max_dynamic_smem = 0;
 };
 constexpr int kMaxDevices = 64;
 std::array<AlignDeviceInfo, kMaxDevices> g_align_info;
 
-size_t align_dynamic_smem(int E) { return size_t(kAlignWarps) * E * sizeof(int32_t); }
+// The cluster kernel's dynamic shared memory: counts, the cluster's totals, the staging buffer.
+size_t align_dynamic_smem(int E, int n_cta, int64_t staged_slots) {
+  const size_t E4 = size_t(E + 3) / 4 * 4;
+  return (size_t(cluster_threads(E) / 32) * size_t(E) + size_t(n_cta) * E4 + size_t(staged_slots)) * sizeof(int32_t);
+}
 
 int current_device() {
   int device = 0;
@@ -436,7 +512,7 @@ int current_device() {
   return device;
 }
 
-int align_max_cluster(int device) {
+const AlignDeviceInfo& align_device_info(int device) {
   AlignDeviceInfo& info = g_align_info[size_t(device)];
   std::call_once(info.once, [&] {
     // NOTE: the first launch may happen inside a stream capture; these set-up calls are not stream
@@ -446,43 +522,62 @@ int align_max_cluster(int device) {
       RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&prev); }
       ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&prev); }
     } relaxed;
-    const size_t smem = align_dynamic_smem(kAlignMaxExperts);
-    int best = kAlignMaxCluster;
-    for (AlignKernel k : kAlignKernels) {
-      WNA16_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      WNA16_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      int fits = 0;
-      for (int c = best; c >= 1 && fits == 0; c /= 2) {
-        cudaLaunchAttribute attr[2];
-        const cudaLaunchConfig_t cfg = cluster_config(c, smem, nullptr, attr, true);
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess) {
-          cudaGetLastError();  // an unsupported size is an answer, not an error
-          n = 0;
-        }
-        if (n >= 1) fits = c;
+    int optin = 0;
+    WNA16_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    struct Variant {
+      const AlignKernel (&kernels)[5];
+      int max_experts;
+    };
+    const Variant variants[] = {{kAlignKernels512, 512}, {kAlignKernels1024, 1024}};
+    size_t max_static = 0;
+    for (const Variant& v : variants)
+      for (AlignKernel k : v.kernels) {
+        cudaFuncAttributes fa{};
+        WNA16_CUDA_CHECK(cudaFuncGetAttributes(&fa, k));
+        max_static = std::max(max_static, fa.sharedSizeBytes);
       }
-      if (fits == 0)
-        throw Error("moe_align: this device cannot schedule even one 1024-thread CTA with " + std::to_string(smem) +
-                    " bytes of shared memory");
-      best = fits;
-    }
+    const size_t limit = size_t(optin) > max_static ? std::min(kAlignMaxDynamicSmem, size_t(optin) - max_static) : 0;
+    int best = kAlignMaxCluster;
+    for (const Variant& v : variants)
+      for (AlignKernel k : v.kernels) {
+        WNA16_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit)));
+        WNA16_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        int fits = 0;
+        for (int c = best; c >= 1 && fits == 0; c /= 2) {
+          const size_t smem = align_dynamic_smem(v.max_experts, c, 0);
+          if (smem > limit) continue;
+          cudaLaunchAttribute attr[2];
+          const cudaLaunchConfig_t cfg = cluster_config(c, cluster_threads(v.max_experts), smem, nullptr, attr, true);
+          int n = 0;
+          if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess) {
+            cudaGetLastError();  // an unsupported size is an answer, not an error
+            n = 0;
+          }
+          if (n >= 1) fits = c;
+        }
+        if (fits == 0)
+          throw Error("moe_align: this device cannot schedule even one " + std::to_string(cluster_threads(v.max_experts)) +
+                      "-thread CTA with " + std::to_string(align_dynamic_smem(v.max_experts, 1, 0)) +
+                      " bytes of shared memory (limit " + std::to_string(limit) + ")");
+        best = fits;
+      }
     WNA16_CUDA_CHECK(cudaFuncSetAttribute(align_shaped_noop_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     info.max_cluster = best;
+    info.max_dynamic_smem = limit;
   });
-  return info.max_cluster;
+  return info;
 }
 
 }  // namespace
 
 const AlignTuning kAlignDefaultTuning{};
 
-int align_max_cluster_size() { return align_max_cluster(current_device()); }
+int align_max_cluster_size() { return align_device_info(current_device()).max_cluster; }
 
 void launch_align_shaped_noop(int n_cta, bool cluster, Stream stream) {
-  align_max_cluster(current_device());
+  align_device_info(current_device());
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = cluster_config(n_cta, 0, static_cast<cudaStream_t>(stream), attr, cluster);
+  const cudaLaunchConfig_t cfg = cluster_config(n_cta, 1024, 0, static_cast<cudaStream_t>(stream), attr, cluster);
   WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, align_shaped_noop_kernel));
 }
 
@@ -517,7 +612,7 @@ void launch_align_tuned(const int32_t* topk_ids, int64_t num_slots, int E, int b
     const int n_warps = static_cast<int>((num_slots + 31) / 32);
     const size_t smem = (size_t(n_warps) * E + 3) / 4 * 4;
     cudaLaunchAttribute attr[2];
-    cudaLaunchConfig_t cfg = cluster_config(1, smem, s, attr, false, tuning.pdl);
+    cudaLaunchConfig_t cfg = cluster_config(1, kAlignSmallThreads, smem, s, attr, false, tuning.pdl);
     // Only the threads the kernel needs (one per slot and one per expert): at decode with E = 257
     // that is 9 warps instead of 32.
     cfg.blockDim = dim3(unsigned((std::max<int64_t>({num_slots, int64_t(E), 1}) + 31) / 32 * 32));
@@ -528,15 +623,25 @@ void launch_align_tuned(const int32_t* topk_ids, int64_t num_slots, int E, int b
     return;
   }
 
-  const int max_cluster = align_max_cluster(current_device());
+  const AlignDeviceInfo& info = align_device_info(current_device());
   const int n_cta = static_cast<int>(std::clamp<int64_t>(
-      (num_slots + tuning.slots_per_cta - 1) / tuning.slots_per_cta, 1, max_cluster));
+      (num_slots + tuning.slots_per_cta - 1) / tuning.slots_per_cta, 1, info.max_cluster));
+  // The kernel's split of the slots (moe_align_kernel): warps of 32-slot multiples, CTA by CTA.
+  const int threads = cluster_threads(E);
+  const int64_t n_chunks = int64_t(n_cta) * (threads / 32);
+  const int64_t cta_slots = ((num_slots + n_chunks - 1) / n_chunks + 31) / 32 * 32 * (threads / 32);
+  const bool staged = tuning.stage && align_dynamic_smem(E, n_cta, cta_slots) <= info.max_dynamic_smem;
+  const size_t smem = align_dynamic_smem(E, n_cta, staged ? cta_slots : 0);
+  if (smem > info.max_dynamic_smem)  // unreachable with E <= kAlignMaxExperts (checked at set-up)
+    throw Error("moe_align: E=" + std::to_string(E) + " needs " + std::to_string(smem) +
+                " bytes of shared memory, above this device's " + std::to_string(info.max_dynamic_smem));
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = cluster_config(n_cta, align_dynamic_smem(E), s, attr,
-                                                !(tuning.plain_single && n_cta == 1), tuning.pdl);
-  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, pick_kernel(kAlignKernels, E, tuning.match_any), topk_ids, static_cast<int>(num_slots), E,
-                                      block_m, static_cast<int>(padded_cap), static_cast<int>(num_blocks),
-                                      sorted_token_ids, expert_ids, num_tokens_post_padded));
+  const cudaLaunchConfig_t cfg =
+      cluster_config(n_cta, threads, smem, s, attr, !(tuning.plain_single && n_cta == 1), tuning.pdl);
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, pick_kernel(cluster_kernels(E), E, tuning.match_any), topk_ids,
+                                      static_cast<int>(num_slots), E, block_m, static_cast<int>(padded_cap),
+                                      static_cast<int>(num_blocks), staged ? 1 : 0, sorted_token_ids, expert_ids,
+                                      num_tokens_post_padded));
 }
 
 void launch_align(const int32_t* topk_ids, int64_t num_slots, int E, int block_m, int32_t* sorted_token_ids,

@@ -118,6 +118,11 @@ std::vector<cuda::AlignTuning> align_tunings() {
           T{.match_any = true, .slots_per_cta = 2048, .plain_single = false, .pdl = true, .name = "match/2048/pdl"},
           T{.match_any = false, .slots_per_cta = 2048, .plain_single = false, .pdl = true, .name = "ballot/2048/pdl"},
           T{.match_any = false, .slots_per_cta = 1024, .plain_single = false, .pdl = true, .name = "ballot/1024/pdl"},
+          // Scattered straight to global memory (the path of CTAs whose slots do not fit the staging buffer).
+          T{.match_any = false, .slots_per_cta = 2048, .plain_single = false, .pdl = true, .stage = false,
+            .name = "ballot/2048/pdl/unstaged"},
+          T{.match_any = true, .slots_per_cta = 4096, .plain_single = false, .pdl = false, .stage = false,
+            .name = "match/4096/unstaged"},
           // The cluster kernel also where the small path would take over (num_slots <= 1024).
           T{.match_any = false, .slots_per_cta = 2048, .plain_single = false, .pdl = true, .small_max_slots = 0,
             .name = "ballot/2048/pdl/nosmall"},
@@ -336,7 +341,7 @@ TEST_F(AlignGpu, SmallPathTuningThreshold) {
 
 // Every align code path with small inputs, fast enough to run under
 // `compute-sanitizer --tool racecheck` (and memcheck, synccheck): the small path, the cluster
-// kernel as one CTA (cluster and plain launch), and as a cluster of several CTAs.
+// kernel as one CTA (cluster and plain launch), and as a cluster of several CTAs, staged or not.
 TEST_F(AlignGpu, RacecheckSmall) {
   WNA16_REQUIRE_GPU();
   using T = cuda::AlignTuning;
@@ -346,9 +351,11 @@ TEST_F(AlignGpu, RacecheckSmall) {
       T{.slots_per_cta = 2048, .pdl = true, .small_max_slots = 0, .name = "one CTA, cluster launch"},
       T{.slots_per_cta = 2048, .plain_single = true, .pdl = false, .small_max_slots = 0, .name = "one CTA, plain"},
       T{.slots_per_cta = 64, .pdl = true, .small_max_slots = 0, .name = "cluster of several CTAs"},
-      T{.match_any = true, .slots_per_cta = 64, .pdl = false, .small_max_slots = 0, .name = "cluster, match_any"}};
+      T{.match_any = true, .slots_per_cta = 64, .pdl = false, .small_max_slots = 0, .name = "cluster, match_any"},
+      T{.slots_per_cta = 64, .pdl = true, .stage = false, .small_max_slots = 0, .name = "cluster, unstaged"}};
+  // E = 600: the 1024-thread cluster kernel (E > 512).
   for (const T& t : paths)
-    for (int E : {9, 257})
+    for (int E : {9, 257, 600})
       for (int64_t n : {int64_t(0), int64_t(37), int64_t(300)})
         check_align_case(n, E, 16, Dist::Uniform, rng_, stream_, &t);
 }

@@ -9,20 +9,23 @@
 namespace wna16::cuda {
 
 // The member defaults are the default tuning: the fastest of the variants measured on the H200
-// (2026-11-30, E=256 and 32k slots: ballot/2048/pdl 8.4-9.2 us against 9.3-10.2 without PDL,
-// 10.7-11.6 with 4096 slots per CTA, 14.8-15.0 with 8192; match_any ~0.5 us slower than ballots).
+// (2026-12-02, idle GPU, graph replay; E=256 and 32k slots, block_m=64: 1024 or 2048 slots per CTA
+// with PDL 7.10 us (both clamp to the 16-CTA cluster there); unstaged 7.65; without PDL 7.95;
+// 4096 slots per CTA 8.79 with PDL, 9.62 without; 8192 13.77; match_any 0.9-1.7 us slower than
+// ballots. 1024 rather than 2048 slots per CTA: 5.20 against 6.31 us at E=256 with 4096 slots,
+// 5.13 against 6.02 at E=128 with 8192).
 // small_max_slots: up to this many slots run the small path (one plain CTA, no cluster; ncu on the
 // H200, DeepSeek-V3 M=1, 9 slots: 4.5 us against 7.2 us for the cluster kernel).
 constexpr int kAlignSmallMaxSlots = 1024;  // the small path has one thread per slot
 
 struct AlignTuning {
   bool match_any = false;     // same-expert lanes by __match_any_sync instead of one ballot per id bit
-  int slots_per_cta = 2048;   // cluster size = clamp(ceil(num_slots / slots_per_cta), 1, max cluster)
+  int slots_per_cta = 1024;   // cluster size = clamp(ceil(num_slots / slots_per_cta), 1, max cluster)
   bool plain_single = false;  // a one-CTA grid is launched without the cluster attribute
   bool pdl = true;            // programmatic dependent launch: set-up overlaps the previous kernel
   bool stage = true;          // scatter through shared memory where a CTA's slots fit (coalesced stores)
   int small_max_slots = kAlignSmallMaxSlots;  // num_slots <= this: the small path (0: never)
-  const char* name = "ballot/2048/pdl";
+  const char* name = "ballot/1024/pdl";
 };
 extern const AlignTuning kAlignDefaultTuning;
 

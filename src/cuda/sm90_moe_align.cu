@@ -27,7 +27,7 @@
 //  3. scatter: the same walk over the chunk again; the shared counter now returns the position,
 //              lane rank among its peers added: slot s lands at a position that only depends on
 //              (expert, s), so the result is deterministic and stable. Where the CTA's slots fit
-//              in shared memory (the default 2048 per CTA do), the walk writes a staging buffer
+//              in shared memory (the default 1024 per CTA do), the walk writes a staging buffer
 //              ordered as the output and a second pass copies it out: a CTA's slots of one expert
 //              are one contiguous run of the output, so the global stores coalesce. Otherwise the
 //              walk writes the output directly.

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
 #include "wna16/half.h"
 #include "wna16/quant.h"
 
@@ -66,14 +67,5 @@ inline void expect_same(const UnpackedLinear& a, const UnpackedLinear& b) {
   EXPECT_EQ(a.bias, b.bias);
 }
 
-inline QuantScheme scheme(Format f, int bits, int g, bool sym, bool act = false) {
-  QuantScheme s;
-  s.format = f;
-  s.bits = bits;
-  s.group_size = g;
-  s.sym = sym;
-  s.act_order = act;
-  return s;
-}
 
 }  // namespace wna16::test

@@ -18,6 +18,7 @@
 
 #include "cuda/align_bench.h"
 #include "cuda/moe_layer_kernels.h"
+#include "test_util.h"
 #include "wna16/cuda_kernels.h"
 #include "wna16/error.h"
 #include "wna16/half.h"
@@ -61,15 +62,7 @@ struct DevBuf {
   }
 };
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 // Index of the first difference, or -1.
 template <typename T>
@@ -461,18 +454,7 @@ TEST(AlignGpuBench, PrintsMicroseconds) {
 
 // ---- routing ----------------------------------------------------------------------------------
 
-RoutingConfig routing(RoutingMethod m, int E, int k, bool renorm, int n_group = 1, int topk_group = 1,
-                      double scale = 1.0) {
-  RoutingConfig c;
-  c.method = m;
-  c.num_experts = E;
-  c.top_k = k;
-  c.renormalize = renorm;
-  c.n_group = n_group;
-  c.topk_group = topk_group;
-  c.routed_scaling_factor = scale;
-  return c;
-}
+using test::routing;
 
 std::string describe(const RoutingConfig& c) {
   return std::string(routing_name(c.method)) + " E=" + std::to_string(c.num_experts) + " k=" + std::to_string(c.top_k) +

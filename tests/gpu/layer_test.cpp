@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "test_util.h"
 #include "wna16/backend.h"
 #include "wna16/cuda.h"
 #include "wna16/error.h"
@@ -83,15 +84,8 @@ MoeLayerSpec spec_of(const std::string& name, int64_t H, int64_t I, int E, int k
   return s;
 }
 
-QuantScheme scheme_of(Format f, int bits, int g, bool sym, bool act_order = false) {
-  QuantScheme q;
-  q.format = f;
-  q.bits = bits;
-  q.group_size = g;
-  q.sym = sym;
-  q.act_order = act_order;
-  return q;
-}
+using test::error_of;
+using test::scheme;
 
 std::string fmt_case(const MoeLayerSpec& spec, const QuantScheme& scheme, DType act) {
   return spec.name + " H=" + std::to_string(spec.hidden) + " I=" + std::to_string(spec.inter) + " E=" +
@@ -112,36 +106,36 @@ void check_layer(const MoeLayerSpec& spec, const QuantScheme& scheme, DType act,
 
 TEST(CudaLayer, SmallPresetInt4Bf16AllM) {
   WNA16_REQUIRE_GPU();
-  check_layer(preset("small"), scheme_of(Format::GptqV1, 4, 128, true), DType::BF16, {1, 3, 17, 118, 1024, 4096});
+  check_layer(preset("small"), scheme(Format::GptqV1, 4, 128, true), DType::BF16, {1, 3, 17, 118, 1024, 4096});
 }
 
 TEST(CudaLayer, FormatsAndGroups) {
   WNA16_REQUIRE_GPU();
   const MoeLayerSpec s = preset("small");
-  check_layer(s, scheme_of(Format::GptqV2, 4, 64, false), DType::F16, {1, 17, 118});
-  check_layer(s, scheme_of(Format::Awq, 4, 128, false), DType::BF16, {3, 118});
-  check_layer(s, scheme_of(Format::Awq, 4, 32, false), DType::F16, {17});
-  check_layer(s, scheme_of(Format::GptqV1, 4, 32, false), DType::BF16, {3, 118});
-  check_layer(s, scheme_of(Format::GptqV1, 4, -1, true), DType::BF16, {1, 118});
-  check_layer(s, scheme_of(Format::GptqV1, 4, -1, true), DType::F16, {17});
+  check_layer(s, scheme(Format::GptqV2, 4, 64, false), DType::F16, {1, 17, 118});
+  check_layer(s, scheme(Format::Awq, 4, 128, false), DType::BF16, {3, 118});
+  check_layer(s, scheme(Format::Awq, 4, 32, false), DType::F16, {17});
+  check_layer(s, scheme(Format::GptqV1, 4, 32, false), DType::BF16, {3, 118});
+  check_layer(s, scheme(Format::GptqV1, 4, -1, true), DType::BF16, {1, 118});
+  check_layer(s, scheme(Format::GptqV1, 4, -1, true), DType::F16, {17});
 }
 
 TEST(CudaLayer, Int8) {
   WNA16_REQUIRE_GPU();
   const MoeLayerSpec s = preset("small");
-  check_layer(s, scheme_of(Format::GptqV1, 8, 128, true), DType::BF16, {1, 17, 118});
-  check_layer(s, scheme_of(Format::GptqV2, 8, 32, false), DType::F16, {3, 118});
-  check_layer(s, scheme_of(Format::GptqV1, 8, 64, false), DType::BF16, {1024});
-  check_layer(s, scheme_of(Format::GptqV1, 8, -1, true), DType::F16, {1, 1024});
+  check_layer(s, scheme(Format::GptqV1, 8, 128, true), DType::BF16, {1, 17, 118});
+  check_layer(s, scheme(Format::GptqV2, 8, 32, false), DType::F16, {3, 118});
+  check_layer(s, scheme(Format::GptqV1, 8, 64, false), DType::BF16, {1024});
+  check_layer(s, scheme(Format::GptqV1, 8, -1, true), DType::F16, {1, 1024});
 }
 
 TEST(CudaLayer, ActOrder) {
   WNA16_REQUIRE_GPU();
   const MoeLayerSpec s = preset("small");
   // random_layer gives gate and up different act-order permutations: the dual-gather path.
-  check_layer(s, scheme_of(Format::GptqV1, 4, 64, true, true), DType::BF16, {1, 17, 118, 1024});
-  check_layer(s, scheme_of(Format::GptqV2, 4, 32, false, true), DType::F16, {3, 118});
-  check_layer(s, scheme_of(Format::GptqV1, 8, 128, true, true), DType::BF16, {17});
+  check_layer(s, scheme(Format::GptqV1, 4, 64, true, true), DType::BF16, {1, 17, 118, 1024});
+  check_layer(s, scheme(Format::GptqV2, 4, 32, false, true), DType::F16, {3, 118});
+  check_layer(s, scheme(Format::GptqV1, 8, 128, true, true), DType::BF16, {17});
 }
 
 // GPTQ act-order with one channel order per expert for gate and up, as real checkpoints have it
@@ -169,26 +163,26 @@ TEST(CudaLayer, ActOrderGatheredPerSlot) {
           << "per-expert loop, M=" << M;
   };
   const MoeLayerSpec small = preset("small");
-  check(small, scheme_of(Format::GptqV1, 4, 64, true, true), DType::BF16, {1, 3, 17, 118, 1024, 4096}, 11);
-  check(small, scheme_of(Format::GptqV2, 4, 32, false, true), DType::F16, {1, 118}, 12);
-  check(small, scheme_of(Format::GptqV1, 8, 128, true, true), DType::BF16, {1, 17, 1024}, 13);
+  check(small, scheme(Format::GptqV1, 4, 64, true, true), DType::BF16, {1, 3, 17, 118, 1024, 4096}, 11);
+  check(small, scheme(Format::GptqV2, 4, 32, false, true), DType::F16, {1, 118}, 12);
+  check(small, scheme(Format::GptqV1, 8, 128, true, true), DType::BF16, {1, 17, 1024}, 13);
   MoeLayerSpec v2 = spec_of("dsv2-lite-like", 256, 128, 64, 6);
   v2.routing.method = RoutingMethod::GroupLimitedGreedy;
   v2.routing.n_group = 8;
   v2.routing.topk_group = 3;
   v2.shared_kind = SharedExpertKind::Plain;
   v2.shared_inter = 256;
-  check(v2, scheme_of(Format::GptqV1, 4, 128, true, true), DType::BF16, {1, 17, 118}, 14);
+  check(v2, scheme(Format::GptqV1, 4, 128, true, true), DType::BF16, {1, 17, 118}, 14);
   MoeLayerSpec q = spec_of("qwen1.5-like", 256, 128, 60, 4);
   q.shared_kind = SharedExpertKind::SigmoidGated;
   q.shared_inter = 512;
-  check(q, scheme_of(Format::GptqV1, 4, 128, false, true), DType::F16, {1, 3}, 15);
+  check(q, scheme(Format::GptqV1, 4, 128, false, true), DType::F16, {1, 3}, 15);
   // A wide layer (K * bits >= 16384) with a shared expert: up to 16 tokens its shared slices'
   // rows are gathered before the routing and run ahead of the wait; 17 tokens take the usual order.
   MoeLayerSpec wide = spec_of("wide-shared", 4096, 128, 16, 4);
   wide.shared_kind = SharedExpertKind::Plain;
   wide.shared_inter = 256;
-  check(wide, scheme_of(Format::GptqV1, 4, 128, true, true), DType::BF16, {1, 3, 16, 17}, 16);
+  check(wide, scheme(Format::GptqV1, 4, 128, true, true), DType::BF16, {1, 3, 16, 17}, 16);
 }
 
 TEST(CudaLayer, DeepSeekV3Routing256Experts) {
@@ -200,8 +194,8 @@ TEST(CudaLayer, DeepSeekV3Routing256Experts) {
   s.routing.routed_scaling_factor = 2.5;
   s.shared_kind = SharedExpertKind::Plain;
   s.shared_inter = 128;
-  check_layer(s, scheme_of(Format::GptqV1, 4, 128, true), DType::BF16, {1, 3, 17, 118});
-  check_layer(s, scheme_of(Format::Awq, 4, 64, false), DType::F16, {17});
+  check_layer(s, scheme(Format::GptqV1, 4, 128, true), DType::BF16, {1, 3, 17, 118});
+  check_layer(s, scheme(Format::Awq, 4, 64, false), DType::F16, {17});
 }
 
 // A hidden size of 4096 makes GEMM1 run the shared slices' items in K parts on several blocks at
@@ -213,8 +207,8 @@ TEST(CudaLayer, SharedSlicesInKParts) {
   MoeLayerSpec s = spec_of("shared-k-parts", 4096, 128, 64, 6);
   s.shared_kind = SharedExpertKind::Plain;
   s.shared_inter = 256;
-  check_layer(s, scheme_of(Format::GptqV1, 4, 128, true), DType::BF16, {1, 17});
-  check_layer(s, scheme_of(Format::Awq, 4, 64, false), DType::F16, {1, 2});
+  check_layer(s, scheme(Format::GptqV1, 4, 128, true), DType::BF16, {1, 17});
+  check_layer(s, scheme(Format::Awq, 4, 64, false), DType::F16, {1, 2});
 }
 
 TEST(CudaLayer, DeepSeekV2AndQwenShapes) {
@@ -227,28 +221,28 @@ TEST(CudaLayer, DeepSeekV2AndQwenShapes) {
   v2.routing.routed_scaling_factor = 1.5;
   v2.shared_kind = SharedExpertKind::Plain;
   v2.shared_inter = 256;
-  check_layer(v2, scheme_of(Format::GptqV1, 4, 64, true), DType::BF16, {3, 118});
+  check_layer(v2, scheme(Format::GptqV1, 4, 64, true), DType::BF16, {3, 118});
   // Qwen1.5-like: sigmoid-gated shared expert 4x wider than a routed one; no renormalisation.
   MoeLayerSpec q = spec_of("qwen1.5-like", 256, 128, 60, 4);
   q.routing.renormalize = false;
   q.shared_kind = SharedExpertKind::SigmoidGated;
   q.shared_inter = 512;
-  check_layer(q, scheme_of(Format::GptqV1, 4, 128, true), DType::F16, {1, 118});
+  check_layer(q, scheme(Format::GptqV1, 4, 128, true), DType::F16, {1, 118});
   // Shared width not a multiple of I (the last slice is zero-padded).
   MoeLayerSpec odd = spec_of("shared-192", 256, 128, 8, 2);
   odd.shared_kind = SharedExpertKind::Plain;
   odd.shared_inter = 192;
-  check_layer(odd, scheme_of(Format::GptqV1, 4, 64, true), DType::BF16, {3, 17});
-  check_layer(odd, scheme_of(Format::GptqV1, 4, -1, false), DType::BF16, {17});
+  check_layer(odd, scheme(Format::GptqV1, 4, 64, true), DType::BF16, {3, 17});
+  check_layer(odd, scheme(Format::GptqV1, 4, -1, false), DType::BF16, {17});
 }
 
 TEST(CudaLayer, AwkwardRealWidths) {
   WNA16_REQUIRE_GPU();
-  check_layer(spec_of("H576-I1408", 576, 1408, 4, 2), scheme_of(Format::GptqV1, 4, 64, true), DType::BF16, {1, 17});
-  check_layer(spec_of("H256-I1344", 256, 1344, 4, 2), scheme_of(Format::Awq, 4, 64, false), DType::F16, {3});
-  check_layer(spec_of("H512-I768", 512, 768, 8, 2), scheme_of(Format::GptqV1, 4, 128, true), DType::BF16, {17});
-  check_layer(spec_of("K10944", 10944, 128, 4, 2), scheme_of(Format::GptqV1, 4, 64, true), DType::BF16, {3});
-  check_layer(spec_of("E1", 256, 128, 1, 1), scheme_of(Format::GptqV1, 4, 128, true), DType::BF16, {1, 118});
+  check_layer(spec_of("H576-I1408", 576, 1408, 4, 2), scheme(Format::GptqV1, 4, 64, true), DType::BF16, {1, 17});
+  check_layer(spec_of("H256-I1344", 256, 1344, 4, 2), scheme(Format::Awq, 4, 64, false), DType::F16, {3});
+  check_layer(spec_of("H512-I768", 512, 768, 8, 2), scheme(Format::GptqV1, 4, 128, true), DType::BF16, {17});
+  check_layer(spec_of("K10944", 10944, 128, 4, 2), scheme(Format::GptqV1, 4, 64, true), DType::BF16, {3});
+  check_layer(spec_of("E1", 256, 128, 1, 1), scheme(Format::GptqV1, 4, 128, true), DType::BF16, {1, 118});
 }
 
 // A router whose values are exact in bf16 (as real checkpoints store it, with the gate row of a
@@ -260,7 +254,7 @@ TEST(CudaLayer, Bf16ExactRouterIsStoredInBf16) {
   MoeLayerSpec q = spec_of("qwen-like-bf16-router", 256, 128, 60, 4);
   q.shared_kind = SharedExpertKind::SigmoidGated;
   q.shared_inter = 256;
-  MoeLayerWeights w = random_layer(q, scheme_of(Format::GptqV1, 4, 128, true), 9);
+  MoeLayerWeights w = random_layer(q, scheme(Format::GptqV1, 4, 128, true), 9);
   for (auto& v : w.router) v = round_to(DType::BF16, v);
   for (auto& v : w.shared_gate) v = round_to(DType::BF16, v);
   const CudaMoeLayer layer(q, w);
@@ -282,7 +276,7 @@ TEST(CudaLayer, AllTokensOnOneExpert) {
   s.routing.method = RoutingMethod::NoauxTc;
   s.routing.n_group = 1;
   s.routing.topk_group = 1;
-  MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 5);
+  MoeLayerWeights w = random_layer(s, scheme(Format::GptqV1, 4, 128, true), 5);
   for (auto& b : w.correction_bias) b = 0.f;
   w.correction_bias[5] = 100.f;  // every token selects expert 5 (its weight is the unbiased score)
   const CudaMoeLayer layer(s, w);
@@ -312,13 +306,13 @@ TEST(CudaLayer, OneTokenRoutedInTheGemms) {
     DType act;
   };
   const Case cases[] = {
-      {256, 128, 8, 2, true, scheme_of(Format::GptqV1, 4, 128, true), DType::BF16},
-      {256, 256, 32, 4, false, scheme_of(Format::Awq, 4, 128, false), DType::F16},
-      {384, 128, 32, 8, true, scheme_of(Format::GptqV2, 4, 128, false), DType::BF16},
-      {256, 128, 1, 1, false, scheme_of(Format::GptqV1, 4, 128, true), DType::F16},
-      {2048, 8192, 2, 2, true, scheme_of(Format::GptqV1, 4, 128, true), DType::BF16},
-      {512, 128, 2, 2, true, scheme_of(Format::GptqV1, 8, 128, true), DType::BF16},
-      {256, 192, 8, 2, true, scheme_of(Format::GptqV2, 4, 64, false), DType::F16},
+      {256, 128, 8, 2, true, scheme(Format::GptqV1, 4, 128, true), DType::BF16},
+      {256, 256, 32, 4, false, scheme(Format::Awq, 4, 128, false), DType::F16},
+      {384, 128, 32, 8, true, scheme(Format::GptqV2, 4, 128, false), DType::BF16},
+      {256, 128, 1, 1, false, scheme(Format::GptqV1, 4, 128, true), DType::F16},
+      {2048, 8192, 2, 2, true, scheme(Format::GptqV1, 4, 128, true), DType::BF16},
+      {512, 128, 2, 2, true, scheme(Format::GptqV1, 8, 128, true), DType::BF16},
+      {256, 192, 8, 2, true, scheme(Format::GptqV2, 4, 64, false), DType::F16},
   };
   for (const Case& c : cases) {
     MoeLayerSpec s = spec_of("gemm-routed", c.H, c.I, c.E, c.k);
@@ -335,7 +329,7 @@ TEST(CudaLayer, OneTokenRoutedInTheGemms) {
   }
   // Captured once, replayed on a new token.
   const MoeLayerSpec s = spec_of("gemm-routed-graph", 256, 128, 8, 2);
-  const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 32);
+  const MoeLayerWeights w = random_layer(s, scheme(Format::GptqV1, 4, 128, true), 32);
   const CudaMoeLayer layer(s, w);
   const DType act = DType::BF16;
   const Inputs a = random_inputs(1, s.hidden, act, 51), b = random_inputs(1, s.hidden, act, 52);
@@ -367,7 +361,7 @@ TEST(CudaLayer, OneTokenRoutedInTheGemms) {
 TEST(CudaLayer, PerExpertLoopBaselineMatches) {
   WNA16_REQUIRE_GPU();
   const MoeLayerSpec s = preset("small");
-  const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 3);
+  const MoeLayerWeights w = random_layer(s, scheme(Format::GptqV1, 4, 128, true), 3);
   const CudaMoeLayer layer(s, w);
   for (int64_t M : {1, 17, 1024})
     EXPECT_LT(layer_error(s, w, layer, DType::BF16, M, 9, Path::PerExpertLoop), layer_tolerance(DType::BF16))
@@ -378,7 +372,7 @@ TEST(CudaLayer, GraphCaptureReplayWithNewInputs) {
   WNA16_REQUIRE_GPU();
   const MoeLayerSpec s = preset("small");
   const DType act = DType::BF16;
-  const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 4);
+  const MoeLayerWeights w = random_layer(s, scheme(Format::GptqV1, 4, 128, true), 4);
   const CudaMoeLayer layer(s, w);
   for (int64_t M : {3, 118}) {
     const int64_t n = M * s.hidden;
@@ -437,7 +431,7 @@ TEST(CudaLayer, GraphCaptureReplayWithNewInputs) {
 TEST(CudaLayer, BackendAdapterForwardHost) {
   WNA16_REQUIRE_GPU();
   const MoeLayerSpec s = preset("small");
-  const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 6);
+  const MoeLayerWeights w = random_layer(s, scheme(Format::GptqV1, 4, 128, true), 6);
   ASSERT_TRUE(cuda_available());
   auto layer = make_cuda_layer(s, w);
   EXPECT_EQ(layer->device(), Device::Cuda);
@@ -451,31 +445,22 @@ TEST(CudaLayer, BackendAdapterForwardHost) {
   EXPECT_LT(rel_error(of.data(), ref.data(), M * s.hidden), layer_tolerance(DType::F16));
 }
 
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST(CudaLayer, RefusesUnsupportedValuesBeforeLaunch) {
   WNA16_REQUIRE_GPU();
   const MoeLayerSpec s = preset("small");
   {
-    const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 2, 128, true), 1);
+    const MoeLayerWeights w = random_layer(s, scheme(Format::GptqV1, 2, 128, true), 1);
     EXPECT_NE(error_of([&] { CudaMoeLayer l(s, w); }).find("bits=2"), std::string::npos);
   }
   {
     const MoeLayerSpec odd = spec_of("H96", 96, 64, 4, 2);
-    const MoeLayerWeights w = random_layer(odd, scheme_of(Format::GptqV1, 4, 32, true), 1);
+    const MoeLayerWeights w = random_layer(odd, scheme(Format::GptqV1, 4, 32, true), 1);
     const std::string msg = error_of([&] { CudaMoeLayer l(odd, w); });
     EXPECT_NE(msg.find("H=96 is not a multiple of 64"), std::string::npos) << msg;
   }
   {
-    const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 1);
+    const MoeLayerWeights w = random_layer(s, scheme(Format::GptqV1, 4, 128, true), 1);
     const CudaMoeLayer l(s, w);
     Dev x(256 * 2 * 4), out(256 * 2 * 4), ws(16);
     const std::string msg = error_of([&] { l.forward(x.p, out.p, 4, DType::BF16, ws.p, 16, nullptr); });
@@ -485,7 +470,7 @@ TEST(CudaLayer, RefusesUnsupportedValuesBeforeLaunch) {
   }
   {
     // Misaligned x, out or workspace: refused naming the pointer, before any launch.
-    const MoeLayerWeights w = random_layer(s, scheme_of(Format::GptqV1, 4, 128, true), 1);
+    const MoeLayerWeights w = random_layer(s, scheme(Format::GptqV1, 4, 128, true), 1);
     const CudaMoeLayer l(s, w);
     const size_t wsb = l.workspace_bytes(1);
     Dev x(256 * 2 + 16), out(256 * 2 + 16), ws(wsb + 16);

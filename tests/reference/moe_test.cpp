@@ -4,21 +4,14 @@
 #include <cmath>
 #include <string>
 
+#include "test_util.h"
 #include "wna16/error.h"
 #include "wna16/moe.h"
 
 using namespace wna16;
 
 namespace {
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 #define EXPECT_ERROR_HAS(stmt, text)                                     \
   do {                                                                   \
     const std::string msg_ = error_of([&] { stmt; });                    \

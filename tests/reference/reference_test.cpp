@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "wna16/error.h"
 #include "wna16/half.h"
 #include "wna16/reference.h"
@@ -113,15 +114,7 @@ MoeLayerSpec small_spec(RoutingMethod m, int E, int k, bool renorm, SharedExpert
   return s;
 }
 
-QuantScheme scheme(Format f, int bits, int g, bool sym, bool act_order = false) {
-  QuantScheme s;
-  s.format = f;
-  s.bits = bits;
-  s.group_size = g;
-  s.sym = sym;
-  s.act_order = act_order;
-  return s;
-}
+using test::scheme;
 
 // Reference vs the float32 path for M in {1, 5, 33}; also checks the router logits agree.
 void check_against_f32(const MoeLayerSpec& spec, const QuantScheme& q, uint64_t seed) {

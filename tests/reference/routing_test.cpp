@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "wna16/error.h"
 #include "wna16/reference.h"
 
@@ -21,18 +22,7 @@ std::vector<float> logs(const std::vector<double>& v) {
 
 float logit(double s) { return float(std::log(s / (1.0 - s))); }
 
-RoutingConfig cfg(RoutingMethod m, int E, int k, bool renorm, int n_group = 1, int topk_group = 1,
-                  double scale = 1.0) {
-  RoutingConfig c;
-  c.method = m;
-  c.num_experts = E;
-  c.top_k = k;
-  c.renormalize = renorm;
-  c.n_group = n_group;
-  c.topk_group = topk_group;
-  c.routed_scaling_factor = scale;
-  return c;
-}
+using test::routing;
 
 void expect_route(const Routing& r, int64_t m, const std::vector<int>& ids, const std::vector<double>& w) {
   ASSERT_EQ(int(ids.size()), r.top_k);
@@ -42,51 +32,43 @@ void expect_route(const Routing& r, int64_t m, const std::vector<int>& ids, cons
   }
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using test::error_of;
 
 }  // namespace
 
 TEST(Routing, SoftmaxTopKWithAndWithoutRenormalisation) {
   // exp(logits) = 1, 2, 3, 4 (sum 10): p = .1 .2 .3 .4; top-2 = e3 (.4), e2 (.3).
   const auto l = logs({1, 2, 3, 4});
-  Routing plain = route_reference(cfg(RoutingMethod::SoftmaxTopK, 4, 2, false), l.data(), 1, nullptr);
+  Routing plain = route_reference(routing(RoutingMethod::SoftmaxTopK, 4, 2, false), l.data(), 1, nullptr);
   expect_route(plain, 0, {3, 2}, {0.4, 0.3});
   // Renormalised over the chosen mass .7: 4/7, 3/7.
-  Routing renorm = route_reference(cfg(RoutingMethod::SoftmaxTopK, 4, 2, true), l.data(), 1, nullptr);
+  Routing renorm = route_reference(routing(RoutingMethod::SoftmaxTopK, 4, 2, true), l.data(), 1, nullptr);
   expect_route(renorm, 0, {3, 2}, {4.0 / 7, 3.0 / 7});
 }
 
 TEST(Routing, SoftmaxTopKSeveralTokensAreIndependent) {
   // Token 0: exp = 1 8 1 (p = .1 .8 .1); token 1: exp = 5 1 4 (p = .5 .1 .4). top-1, no renorm.
   std::vector<float> l = logs({1, 8, 1, 5, 1, 4});
-  Routing r = route_reference(cfg(RoutingMethod::SoftmaxTopK, 3, 1, false), l.data(), 2, nullptr);
+  Routing r = route_reference(routing(RoutingMethod::SoftmaxTopK, 3, 1, false), l.data(), 2, nullptr);
   expect_route(r, 0, {1}, {0.8});
   expect_route(r, 1, {0}, {0.5});
   // top-1 renormalised is always weight 1.
-  Routing rn = route_reference(cfg(RoutingMethod::SoftmaxTopK, 3, 1, true), l.data(), 2, nullptr);
+  Routing rn = route_reference(routing(RoutingMethod::SoftmaxTopK, 3, 1, true), l.data(), 2, nullptr);
   expect_route(rn, 1, {0}, {1.0});
 }
 
 TEST(Routing, TiesGoToTheLowerExpertIndex) {
   // All equal: p = .25 each; top-2 = e0, e1 (renormalised .5 .5).
   std::vector<float> flat(4, 0.5f);
-  expect_route(route_reference(cfg(RoutingMethod::SoftmaxTopK, 4, 2, true), flat.data(), 1, nullptr), 0, {0, 1},
+  expect_route(route_reference(routing(RoutingMethod::SoftmaxTopK, 4, 2, true), flat.data(), 1, nullptr), 0, {0, 1},
                {0.5, 0.5});
   // exp = 1 3 3 2 (sum 9): e1 and e2 tie for first; e1 comes first, then e2.
   auto l = logs({1, 3, 3, 2});
-  expect_route(route_reference(cfg(RoutingMethod::SoftmaxTopK, 4, 2, false), l.data(), 1, nullptr), 0, {1, 2},
+  expect_route(route_reference(routing(RoutingMethod::SoftmaxTopK, 4, 2, false), l.data(), 1, nullptr), 0, {1, 2},
                {3.0 / 9, 3.0 / 9});
   // Same for noaux_tc when the biased scores tie: s = .5 .5 .5 .5, bias 0 .1 0 .1 -> e1, e3.
   std::vector<float> z(4, 0.0f), b = {0.f, 0.1f, 0.f, 0.1f};
-  expect_route(route_reference(cfg(RoutingMethod::NoauxTc, 4, 2, true, 2, 2), z.data(), 1, b.data()), 0, {1, 3},
+  expect_route(route_reference(routing(RoutingMethod::NoauxTc, 4, 2, true, 2, 2), z.data(), 1, b.data()), 0, {1, 3},
                {0.5, 0.5});
 }
 
@@ -95,23 +77,23 @@ TEST(Routing, GroupLimitedGreedyDropsAGroupHoldingTheThirdBestExpert) {
   // Candidates e0 10, e1 1, e4 7, e5 2 -> top-3 = e0, e4, e5 = 10/33, 7/33, 2/33 (no renorm, scale 1).
   // Plain top-3 would take e2 (6/33) instead of e5: it sits in the dropped group g1.
   const auto l = logs({10, 1, 6, 5, 7, 2, 1, 1});
-  Routing r = route_reference(cfg(RoutingMethod::GroupLimitedGreedy, 8, 3, false, 4, 2), l.data(), 1, nullptr);
+  Routing r = route_reference(routing(RoutingMethod::GroupLimitedGreedy, 8, 3, false, 4, 2), l.data(), 1, nullptr);
   expect_route(r, 0, {0, 4, 5}, {10.0 / 33, 7.0 / 33, 2.0 / 33});
   // n_group 1 ("greedy", DeepSeek-V2-Lite): plain top-3.
-  Routing g = route_reference(cfg(RoutingMethod::GroupLimitedGreedy, 8, 3, false, 1, 1), l.data(), 1, nullptr);
+  Routing g = route_reference(routing(RoutingMethod::GroupLimitedGreedy, 8, 3, false, 1, 1), l.data(), 1, nullptr);
   expect_route(g, 0, {0, 4, 2}, {10.0 / 33, 7.0 / 33, 6.0 / 33});
   // Renormalised: 10/19, 7/19, 2/19.
-  Routing rn = route_reference(cfg(RoutingMethod::GroupLimitedGreedy, 8, 3, true, 4, 2), l.data(), 1, nullptr);
+  Routing rn = route_reference(routing(RoutingMethod::GroupLimitedGreedy, 8, 3, true, 4, 2), l.data(), 1, nullptr);
   expect_route(rn, 0, {0, 4, 5}, {10.0 / 19, 7.0 / 19, 2.0 / 19});
 }
 
 TEST(Routing, GroupLimitedGreedyScalesOnlyWithoutRenormalisation) {
   const auto l = logs({10, 1, 6, 5, 7, 2, 1, 1});
   // No renorm: scaled by 2: 20/33, 14/33, 4/33.
-  Routing s = route_reference(cfg(RoutingMethod::GroupLimitedGreedy, 8, 3, false, 4, 2, 2.0), l.data(), 1, nullptr);
+  Routing s = route_reference(routing(RoutingMethod::GroupLimitedGreedy, 8, 3, false, 4, 2, 2.0), l.data(), 1, nullptr);
   expect_route(s, 0, {0, 4, 5}, {20.0 / 33, 14.0 / 33, 4.0 / 33});
   // Renorm: the factor is not applied (DeepSeek-V2 semantics).
-  Routing n = route_reference(cfg(RoutingMethod::GroupLimitedGreedy, 8, 3, true, 4, 2, 2.0), l.data(), 1, nullptr);
+  Routing n = route_reference(routing(RoutingMethod::GroupLimitedGreedy, 8, 3, true, 4, 2, 2.0), l.data(), 1, nullptr);
   expect_route(n, 0, {0, 4, 5}, {10.0 / 19, 7.0 / 19, 2.0 / 19});
 }
 
@@ -119,7 +101,7 @@ TEST(Routing, GroupLimitedGreedyGroupTiesKeepTheLowerGroup) {
   // exp = g0{1, 4} g1{4, 1} g2{4, 2}, sum 16; every group max is 4: keep g0 only (topk_group 1).
   // top-2 inside g0: e1 (4/16), e0 (1/16), although e4 (2/16) is larger than e0.
   const auto l = logs({1, 4, 4, 1, 4, 2});
-  Routing r = route_reference(cfg(RoutingMethod::GroupLimitedGreedy, 6, 2, false, 3, 1), l.data(), 1, nullptr);
+  Routing r = route_reference(routing(RoutingMethod::GroupLimitedGreedy, 6, 2, false, 3, 1), l.data(), 1, nullptr);
   expect_route(r, 0, {1, 0}, {4.0 / 16, 1.0 / 16});
 }
 
@@ -129,11 +111,11 @@ TEST(Routing, NoauxTcBiasChangesTheChoiceButNotTheWeight) {
   // 1.05 and scaled by 2.5: .25/1.05*2.5 = 0.5952381, .8/1.05*2.5 = 1.9047619.
   std::vector<float> l = {logit(.75), logit(.5), logit(.25), logit(.8)};
   std::vector<float> bias = {0.f, 0.f, 0.6f, 0.f};
-  Routing r = route_reference(cfg(RoutingMethod::NoauxTc, 4, 2, true, 1, 1, 2.5), l.data(), 1, bias.data());
+  Routing r = route_reference(routing(RoutingMethod::NoauxTc, 4, 2, true, 1, 1, 2.5), l.data(), 1, bias.data());
   expect_route(r, 0, {2, 3}, {.25 / 1.05 * 2.5, .8 / 1.05 * 2.5});
   // Without the bias: e3 (.8), e0 (.75): .8/1.55*2.5, .75/1.55*2.5.
   std::vector<float> zero(4, 0.f);
-  Routing u = route_reference(cfg(RoutingMethod::NoauxTc, 4, 2, true, 1, 1, 2.5), l.data(), 1, zero.data());
+  Routing u = route_reference(routing(RoutingMethod::NoauxTc, 4, 2, true, 1, 1, 2.5), l.data(), 1, zero.data());
   expect_route(u, 0, {3, 0}, {.8 / 1.55 * 2.5, .75 / 1.55 * 2.5});
 }
 
@@ -141,7 +123,7 @@ TEST(Routing, NoauxTcScalesEvenWithoutRenormalisation) {
   // Same scores as above, no renorm: weights = s * 2.5 = .625, 2.0.
   std::vector<float> l = {logit(.75), logit(.5), logit(.25), logit(.8)};
   std::vector<float> bias = {0.f, 0.f, 0.6f, 0.f};
-  Routing r = route_reference(cfg(RoutingMethod::NoauxTc, 4, 2, false, 1, 1, 2.5), l.data(), 1, bias.data());
+  Routing r = route_reference(routing(RoutingMethod::NoauxTc, 4, 2, false, 1, 1, 2.5), l.data(), 1, bias.data());
   expect_route(r, 0, {2, 3}, {.25 * 2.5, .8 * 2.5});
 }
 
@@ -151,12 +133,12 @@ TEST(Routing, NoauxTcGroupScoreIsTheSumOfTheTopTwo) {
   // top-2 inside: e2, e3 (tie at .6, lower index first); renormalised .5 .5, scale 1.
   std::vector<float> l = {logit(.95), logit(.05), logit(.6), logit(.6), logit(.55), logit(.55), logit(.1), logit(.1)};
   std::vector<float> bias(8, 0.f);
-  Routing r = route_reference(cfg(RoutingMethod::NoauxTc, 8, 2, true, 4, 2, 1.0), l.data(), 1, bias.data());
+  Routing r = route_reference(routing(RoutingMethod::NoauxTc, 8, 2, true, 4, 2, 1.0), l.data(), 1, bias.data());
   expect_route(r, 0, {2, 3}, {.5, .5});
   // A group-max rule (V2) would have kept g0: with topk_group 2 and max scores .95 .6 .55 .1 it
   // keeps g0, g1 and picks e0 (.95), e2 (.6).
   // Sigmoid scores through the softmax-based V2 router differ, so check the selection only.
-  Routing v2 = route_reference(cfg(RoutingMethod::GroupLimitedGreedy, 8, 2, true, 4, 2), l.data(), 1, nullptr);
+  Routing v2 = route_reference(routing(RoutingMethod::GroupLimitedGreedy, 8, 2, true, 4, 2), l.data(), 1, nullptr);
   EXPECT_EQ(v2.ids[0], 0);
   EXPECT_EQ(v2.ids[1], 2);
 }
@@ -175,41 +157,41 @@ TEST(Routing, RouterLogitsAreXTimesRouterTransposed) {
 }
 
 TEST(Routing, EmptyBatchGivesEmptyRouting) {
-  Routing r = route_reference(cfg(RoutingMethod::SoftmaxTopK, 4, 2, true), nullptr, 0, nullptr);
+  Routing r = route_reference(routing(RoutingMethod::SoftmaxTopK, 4, 2, true), nullptr, 0, nullptr);
   EXPECT_EQ(r.M, 0);
   EXPECT_TRUE(r.ids.empty());
   EXPECT_TRUE(r.weights.empty());
 }
 
 TEST(Routing, BadConfigsNameTheValue) {
-  EXPECT_NE(error_of([] { cfg(RoutingMethod::SoftmaxTopK, 8, 9, true).validate(); }).find("top_k=9"),
+  EXPECT_NE(error_of([] { routing(RoutingMethod::SoftmaxTopK, 8, 9, true).validate(); }).find("top_k=9"),
             std::string::npos);
-  EXPECT_NE(error_of([] { cfg(RoutingMethod::SoftmaxTopK, 0, 1, true).validate(); }).find("num_experts=0"),
+  EXPECT_NE(error_of([] { routing(RoutingMethod::SoftmaxTopK, 0, 1, true).validate(); }).find("num_experts=0"),
             std::string::npos);
-  EXPECT_NE(error_of([] { cfg(RoutingMethod::GroupLimitedGreedy, 8, 2, true, 3, 1).validate(); }).find("n_group=3"),
+  EXPECT_NE(error_of([] { routing(RoutingMethod::GroupLimitedGreedy, 8, 2, true, 3, 1).validate(); }).find("n_group=3"),
             std::string::npos);
-  EXPECT_NE(error_of([] { cfg(RoutingMethod::NoauxTc, 8, 2, true, 4, 5).validate(); }).find("topk_group=5"),
+  EXPECT_NE(error_of([] { routing(RoutingMethod::NoauxTc, 8, 2, true, 4, 5).validate(); }).find("topk_group=5"),
             std::string::npos);
   // 2 groups of 2 kept = 4 experts < top_k 5.
-  EXPECT_NE(error_of([] { cfg(RoutingMethod::GroupLimitedGreedy, 8, 5, true, 4, 2).validate(); }).find("top_k=5"),
+  EXPECT_NE(error_of([] { routing(RoutingMethod::GroupLimitedGreedy, 8, 5, true, 4, 2).validate(); }).find("top_k=5"),
             std::string::npos);
-  EXPECT_NE(error_of([] { cfg(RoutingMethod::NoauxTc, 8, 2, true, 8, 4).validate(); }).find("at least 2"),
+  EXPECT_NE(error_of([] { routing(RoutingMethod::NoauxTc, 8, 2, true, 8, 4).validate(); }).find("at least 2"),
             std::string::npos);
-  EXPECT_NE(error_of([] { cfg(RoutingMethod::SoftmaxTopK, 8, 2, true, 1, 1, 2.5).validate(); })
+  EXPECT_NE(error_of([] { routing(RoutingMethod::SoftmaxTopK, 8, 2, true, 1, 1, 2.5).validate(); })
                 .find("routed_scaling_factor=2.5"),
             std::string::npos);
-  EXPECT_NE(error_of([] { cfg(RoutingMethod::NoauxTc, 8, 2, true, 1, 1, -1).validate(); })
+  EXPECT_NE(error_of([] { routing(RoutingMethod::NoauxTc, 8, 2, true, 1, 1, -1).validate(); })
                 .find("routed_scaling_factor=-1"),
             std::string::npos);
 }
 
 TEST(Routing, BadInputsAreRefused) {
   std::vector<float> l = {0.f, NAN, 0.f, 0.f};
-  EXPECT_NE(error_of([&] { route_reference(cfg(RoutingMethod::SoftmaxTopK, 4, 2, true), l.data(), 1, nullptr); })
+  EXPECT_NE(error_of([&] { route_reference(routing(RoutingMethod::SoftmaxTopK, 4, 2, true), l.data(), 1, nullptr); })
                 .find("[0, 1]"),
             std::string::npos);
   std::vector<float> ok(4, 0.f);
-  EXPECT_NE(error_of([&] { route_reference(cfg(RoutingMethod::NoauxTc, 4, 2, true, 2, 1), ok.data(), 1, nullptr); })
+  EXPECT_NE(error_of([&] { route_reference(routing(RoutingMethod::NoauxTc, 4, 2, true, 2, 1), ok.data(), 1, nullptr); })
                 .find("bias"),
             std::string::npos);
 }

@@ -218,19 +218,8 @@ void check_align_case(int64_t n, int E, int block_m, Dist d, std::mt19937_64& rn
                      << " tuning=" << (tuning ? tuning->name : "default");
 }
 
-class AlignGpu : public ::testing::Test {
+class AlignGpu : public gpu_test::StreamTest {
  protected:
-  void SetUp() override {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return;
-    // NOTE: a blocking stream, so that each launch is ordered after the uploads and poison
-    // memsets, which run on the legacy default stream (a non-blocking stream raced them).
-    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
-  }
-  void TearDown() override {
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream_ = nullptr;
   std::mt19937_64 rng_{20261130};
 };
 
@@ -591,18 +580,8 @@ std::vector<RoutingConfig> routing_configs() {
   };
 }
 
-class RoutingGpu : public ::testing::Test {
+class RoutingGpu : public gpu_test::StreamTest {
  protected:
-  void SetUp() override {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return;
-    // NOTE: a blocking stream, so that each launch is ordered after the uploads and poison
-    // memsets, which run on the legacy default stream (a non-blocking stream raced them).
-    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
-  }
-  void TearDown() override {
-    if (stream_) cudaStreamDestroy(stream_);
-  }
   // Every routing variant and logit dtype on fresh random logits (and bias) for each M.
   void expect_random_routing_matches(std::initializer_list<int64_t> Ms, const char* what) {
     for (const RoutingConfig& c : routing_configs())
@@ -614,7 +593,6 @@ class RoutingGpu : public ::testing::Test {
           expect_routing_matches(c, dtype, M, L, bias, got, what);
         }
   }
-  cudaStream_t stream_ = nullptr;
   std::mt19937_64 rng_{7};
 };
 

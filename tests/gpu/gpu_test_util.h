@@ -39,4 +39,22 @@ std::vector<T> cases(std::vector<T> full, std::vector<T> reduced) {
     ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_) << " at "     \
                                << __FILE__ << ":" << __LINE__;                           \
   } while (0)
+
+namespace wna16::gpu_test {
+// A fixture that owns one stream where a GPU is present (tests still start with
+// WNA16_REQUIRE_GPU). NOTE: a blocking stream, so that each launch is ordered after the uploads and
+// poison memsets, which run on the legacy default stream (a non-blocking stream raced them).
+class StreamTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return;
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+};
+}  // namespace wna16::gpu_test
 #endif

@@ -37,13 +37,8 @@ constexpr int kMaxRows = 2;  // tokens sharing one decoded weight vector (int32 
 // Software prefetch of the weight stream, kPrefetchBytes ahead, into L2: at one token the loop
 // runs far ahead of DRAM, and L2 prefetches are tracked by the L2's larger miss queue rather than
 // the L1's fill buffers. May change speed, never results.
-#ifndef WNA16_CPU_PREFETCH_HINT
-#define WNA16_CPU_PREFETCH_HINT _MM_HINT_T1
-#endif
-#ifndef WNA16_CPU_PREFETCH_BYTES
-#define WNA16_CPU_PREFETCH_BYTES 4096
-#endif
-constexpr int kPrefetchBytes = WNA16_CPU_PREFETCH_BYTES;
+constexpr int kPrefetchBytes = 4096;
+constexpr auto kPrefetchHint = _MM_HINT_T1;
 
 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
@@ -61,7 +56,7 @@ void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
   const uint8_t* p = v.data;
   // NOTE: the stream's first kPrefetchBytes are requested at once, not one miss after another.
   for (int off = 0; off < kPrefetchBytes; off += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p) + off, WNA16_CPU_PREFETCH_HINT);
+    _mm_prefetch(reinterpret_cast<const char*>(p) + off, kPrefetchHint);
   for (int64_t gi = 0; gi < v.groups; ++gi) {
     const uint8_t* hdr = p;
     p += v.header_bytes;
@@ -87,7 +82,7 @@ void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
       const int64_t k_end = v.xblock_kstart[xb] + v.xblock_len[xb];
       for (int64_t k = v.xblock_kstart[xb]; k < k_end; k += kStepK, p += v.step_bytes) {
         for (int l = 0; l < (INT8 ? 8 : 4); ++l)
-          _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes + 64 * l, WNA16_CPU_PREFETCH_HINT);
+          _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes + 64 * l, kPrefetchHint);
         for (int j = 0; j < kTilesPerBlock; ++j) {
           const uint8_t* b = p + j * (INT8 ? 128 : 64);
           // Lane c of lo (hi): the u8 codes of channels k..k+3 (k+4..k+7) of column c.
@@ -161,7 +156,7 @@ void router_impl(const float* x, const float* w, int64_t H, int64_t E, float* lo
     for (; h + 8 <= H; h += 8) {
       const __m512d xv = _mm512_cvtps_pd(_mm256_loadu_ps(x + h));
       for (int r = 0; r < 4; ++r) {
-        if (h % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + h) + kPrefetchBytes, WNA16_CPU_PREFETCH_HINT);
+        if (h % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(wr[r] + h) + kPrefetchBytes, kPrefetchHint);
         a[r] = _mm512_fmadd_pd(xv, _mm512_cvtps_pd(_mm256_loadu_ps(wr[r] + h)), a[r]);
       }
     }

@@ -2,7 +2,7 @@
 // per-call pipeline on one stream:
 //   router logits (fp32; also zeroes out_f32; plain launch)
 //   -> routing (also appends the shared-expert slots) -> align (route_and_align; for one token
-//      the routing kernel writes the align tables itself, and where gemm_routes() the GEMMs
+//      the routing kernel writes the align tables itself, and where the plan says gemm_routes the GEMMs
 //      route the token themselves from the logits instead); programmatic dependent launches
 //   -> act-order only: x gathered per slot in each slot's expert's k order (launch_gather_slots)
 //   -> GEMM1 (gate/up, SiLU*up, intermediate in act dtype; a programmatic dependent of align that
@@ -19,6 +19,8 @@
 // shared_inter in the last slice are zero (scale 0 for gate/up: silu(0)*0 = 0). Shared slices
 // first: their m-blocks lead the align output at positions known before routing, so the decode
 // GEMM1 runs them while the routing chain still runs (GemmRun::pre_wait_slices).
+// Which kernels run and how (tile config, gathers, run-ahead, handoff, split-K) is the plan of the
+// call (dispatch.h, plan_layer_call); this file carries it out.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -34,6 +36,7 @@
 #include <utility>
 
 #include "cuda/cuda_check.h"
+#include "cuda/dispatch.h"
 #include "cuda/moe_gemm.h"
 #include "cuda/moe_layer_kernels.h"
 #include "wna16/backend.h"
@@ -108,20 +111,9 @@ struct Workspace {
   int64_t logits = 0, gate = 0, ids = 0, w = 0, ids2 = 0, w2 = 0, sorted = 0, eids = 0, ntpp = 0, inter = 0,
           acc = 0, handoff = 0, pre_scratch = 0, pre_count = 0, zero_end = 0, xperm = 0, xgather = 0, total = 0;
   int64_t max_padded = 0, max_blocks = 0;
-  bool has_pre_parts() const { return pre_count > pre_scratch; }  // the shared-slice parts' scratch
 };
 
 }  // namespace
-
-// Tokens up to which the layout may hold GEMM1's shared-slice parts' scratch (GemmRun::pre_scratch;
-// shared_slice_parts_pay decides).
-constexpr int64_t kPreScratchMaxM = 1;
-// Whether this call runs GEMM1's shared-slice parts: its layout holds their scratch (only where
-// shared_slice_parts_pay). A/B switch WNA16_NO_PRE_PARTS=1: no parts.
-static bool uses_pre_parts(const Workspace& L) {
-  static const bool off = std::getenv("WNA16_NO_PRE_PARTS") != nullptr;
-  return L.has_pre_parts() && !off;
-}
 
 struct CudaMoeLayer::Impl {
   MoeLayerSpec spec;
@@ -138,20 +130,14 @@ struct CudaMoeLayer::Impl {
   // kernels of plain checkpoints (the decode kernel with its handoff, the wgmma prefill kernel).
   // Distinct gate and up orders keep the staged kernels' own gather.
   DeviceGemm g1_gathered;
+  LayerShape shape;  // what dispatch.h decides from (points at g1, g2)
   size_t weight_bytes = 0;
 
-  // Whether a call of M tokens gathers x for GEMM1: act-order with one order per expert, and the
-  // gathered rows inside the kernels' 32-bit element index. A/B switch:
-  // WNA16_NO_ACT_ORDER_GATHER=1 (the staged kernels' gather).
-  bool gathers(int64_t M) const {
-    static const bool off = std::getenv("WNA16_NO_ACT_ORDER_GATHER") != nullptr;
-    return g1.perm && !g1.perm_up && !off && M * k2 * H + H < (int64_t(1) << 31);
-  }
   // The routing's slot ids (kernel experts, shared slices included): [M, k2].
   int32_t* slot_ids(char* ws, const Workspace& L) const {
     return reinterpret_cast<int32_t*>(ws + (S > 0 ? L.ids2 : L.ids));
   }
-  // When gathers(M): x gathered per slot into the workspace (k-permuted for the prefill kernel
+  // When the plan gathers: x gathered per slot into the workspace (k-permuted for the prefill kernel
   // with kperm), after the routing chain; GEMM1 then reads these rows (GemmRun::x_per_slot). Each
   // token's slots [0, j_end) (default all; the routed ones when shared_rows_first).
   const void* gather_x(const void* x, int64_t M, char* ws, const Workspace& L, bool kperm, cudaStream_t st,
@@ -159,30 +145,10 @@ struct CudaMoeLayer::Impl {
     launch_gather_slots(x, M, H, slot_ids(ws, L), k2, g1.perm, E2, ws + L.xgather, kperm, st, 0, j_end);
     return ws + L.xgather;
   }
-  // Act-order with shared slices on a wide layer (DeepSeek-V3), up to 16 tokens, on the decode
-  // kernel: the shared slices' rows (which need no routing) are gathered between the router and
-  // the routing, and the routing releases the chain late, so GEMM1's shared-slice items run ahead
-  // of the wait as with plain weights (GemmRun::pre_wait_slices). Narrower layers lost more to the
-  // extra launch than the run-ahead gave (docs/perf.md, session 15 item 6). A/B switch:
-  // WNA16_NO_ACT_ORDER_RUNAHEAD=1.
-  bool shared_rows_first(int64_t M, int config) const {
-    static const bool off = std::getenv("WNA16_NO_ACT_ORDER_RUNAHEAD") != nullptr;
-    return !off && !no_pre_wait() && !no_gemm1_pdl() && S > 0 && config == 0 && M <= 16 && gathers(M) &&
-           decode_items_long(g1_gathered);
-  }
-  // A/B switches read once: WNA16_NO_PRE_WAIT=1 (GEMM1's shared slices wait for the align step
-  // like the routed ones), WNA16_NO_GEMM1_PDL=1 (GEMM1 a plain launch).
-  static bool no_pre_wait() {
-    static const bool v = std::getenv("WNA16_NO_PRE_WAIT") != nullptr;
-    return v;
-  }
-  static bool no_gemm1_pdl() {
-    static const bool v = std::getenv("WNA16_NO_GEMM1_PDL") != nullptr;
-    return v;
-  }
-
-  Workspace layout(int64_t M, int block_m) const {
+  Workspace layout(int64_t M, int config) const {
     Workspace ws;
+    const int64_t block_m = gemm_config_block_m(config);
+    const bool gathers = layer_gathers(shape, M);
     const int64_t slots = M * k2;
     ws.max_padded = max_padded_slots(slots, E2, block_m);
     ws.max_blocks = max_align_blocks(slots, E2, block_m);
@@ -208,60 +174,48 @@ struct CudaMoeLayer::Impl {
     // follows acc).
     ws.handoff = take((handoff_counters(ws.max_blocks) + 1) * 4);
     // Decode with shared slices: GEMM1's shared-slice K parts (GemmRun::pre_scratch / pre_count),
-    // zeroed by the router too, where shared_slice_parts_pay says they pay.
-    if (S > 0 && M <= kPreScratchMaxM && block_m == gemm_config_block_m(0) && shared_slice_parts_pay(g1, M)) {
+    // zeroed by the router too, where the plan runs them.
+    if (layer_pre_parts(shape, M, config)) {
       ws.pre_scratch = take(pre_scratch_floats(M, S, g1.NT) * 4);
       ws.pre_count = take(pre_count_ints(M, S, g1.NT) * 4);
     }
     ws.zero_end = off;
     // The k-permuted copy of x for the prefill kernel (config m144w, the largest m-blocks, only);
     // with the act-order gather, x's rows per slot instead (k-permuted for m144w).
-    ws.xgather = gathers(M) ? take(slots * H * 2) : off;
-    ws.xperm = !gathers(M) && block_m >= gemm_config_block_m(gemm_config_count() - 1) ? take(M * H * 2) : off;
+    ws.xgather = gathers ? take(slots * H * 2) : off;
+    ws.xperm = !gathers && gemm_config_takes_kperm(config) ? take(M * H * 2) : off;
     ws.total = off;
     return ws;
   }
 
   void build(const MoeLayerSpec& s, const MoeLayerWeights& w);
   // skip_routing: the GEMMs route the token themselves (gemm_routes): the router only.
-  void route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L, int config,
+  void route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L, const LayerPlan& plan,
                        cudaStream_t st, bool skip_routing) const;
   void check_call(const void* x, const void* out, int64_t M, DType act, const void* workspace, size_t workspace_size,
-                  Workspace* L, int* config) const;
+                  Workspace* L, LayerPlan* plan) const;
   // What both forward paths share: the checks, then router -> routing -> align on the stream.
   struct Call {
     Workspace L;
-    int config = 0;
+    LayerPlan plan;
     cudaStream_t st = nullptr;
     char* ws = nullptr;
     float* acc = nullptr;      // the fp32 top-k sum
     const float* w2 = nullptr;  // routing weights of every slot (shared slices included)
   };
   // Returns false (nothing launched) for M = 0. gemm_routing: the caller's GEMMs route the token
-  // themselves where gemm_routes() says so (forward does; the per-expert loop needs the tables).
+  // themselves where the plan says so (forward does; the per-expert loop needs the tables).
   bool begin_call(const void* x, const void* out, int64_t M, DType act, void* workspace, size_t workspace_size,
                   Stream stream, Call* c, bool gemm_routing) const {
-    check_call(x, out, M, act, workspace, workspace_size, &c->L, &c->config);
+    check_call(x, out, M, act, workspace, workspace_size, &c->L, &c->plan);
     if (M == 0) return false;
     c->st = static_cast<cudaStream_t>(stream);
     c->ws = static_cast<char*>(workspace);
     c->acc = reinterpret_cast<float*>(c->ws + c->L.acc);
     c->w2 = reinterpret_cast<const float*>(c->ws + (S > 0 ? c->L.w2 : c->L.w));
-    route_and_align(x, M, act, c->ws, c->L, c->config, c->st, gemm_routing && gemm_routes(M, c->config));
+    route_and_align(x, M, act, c->ws, c->L, c->plan, c->st, gemm_routing && c->plan.gemm_routes);
     return true;
   }
-  // One token, no shared slices, softmax routing over at most 32 experts (Mixtral), int4 in groups
-  // of 128 on the decode kernel: both GEMMs route the token themselves from the router logits
-  // (GemmRun::route_logits) and no routing kernel runs, one launch and one grid-completion wait
-  // fewer before GEMM1's first weights (measured, docs/perf.md session 17: Mixtral M=1 57.0 -> 55.1
-  // us; with 128 experts, one lane ranking four, it lost 4.8 us at Qwen3-30B-A3B M=1).
-  // A/B switch: WNA16_NO_GEMM_ROUTING=1.
-  bool gemm_routes(int64_t M, int config) const {
-    static const bool off = std::getenv("WNA16_NO_GEMM_ROUTING") != nullptr;
-    return !off && M == 1 && S == 0 && config == 0 && spec.routing.method == RoutingMethod::SoftmaxTopK && E <= 32 &&
-           !gathers(M) && decode_routes_token(g1) && decode_routes_token(g2);
-  }
-
   // The GEMM launch fields both stages share: the align outputs in the workspace drive the grid.
   GemmRun align_driven_run(DType act, int config, int64_t M, char* ws, const Workspace& L) const {
     GemmRun r;
@@ -273,7 +227,6 @@ struct CudaMoeLayer::Impl {
     r.expert_ids = reinterpret_cast<const int32_t*>(ws + L.eids);
     r.num_tokens_post_padded = reinterpret_cast<const int32_t*>(ws + L.ntpp);
     r.max_blocks = L.max_blocks;
-    r.decode_4tiles = decode_4tiles_default();  // A/B switch WNA16_DECODE_4TILES
     return r;
   }
   // GEMM1: x (gathered by slot) times gate|up, SiLU(gate)*up into the intermediate buffer.
@@ -533,12 +486,11 @@ void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) 
   }
   // Router (+ the shared-expert gate as one more row): in bf16 when every value is exact in bf16
   // (real checkpoints store the router in bf16), which reads half the bytes for the same logits;
-  // else fp32. A/B switch: WNA16_ROUTER_F32=1 (always fp32).
+  // else fp32.
   std::vector<float> r(w.router);
   if (gated) r.insert(r.end(), w.shared_gate.begin(), w.shared_gate.end());
-  static const bool router_f32 = std::getenv("WNA16_ROUTER_F32") != nullptr;
   const bool exact_bf16 = std::all_of(r.begin(), r.end(), [](float v) { return (float_to_bits(v) & 0xffffu) == 0; });
-  if (exact_bf16 && !router_f32) {
+  if (exact_bf16) {
     std::vector<uint16_t> rb(r.size());
     std::transform(r.begin(), r.end(), rb.begin(), float_to_bf16);  // exact: the low halves are zero
     router.upload(rb);
@@ -566,18 +518,26 @@ void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) 
   g1.perm_up = static_cast<const int32_t*>(permup1.p);
   g1_gathered = g1;
   g1_gathered.perm = g1_gathered.perm_up = nullptr;
+  shape.H = H;
+  shape.I = I;
+  shape.E = E;
+  shape.k = k;
+  shape.S = S;
+  shape.softmax_topk = s.routing.method == RoutingMethod::SoftmaxTopK;
+  shape.g1 = &g1;
+  shape.g2 = &g2;
   weight_bytes = qw1.bytes + sc1.bytes + zr1.bytes + perm1.bytes + permup1.bytes + qw2.bytes + sc2.bytes + zr2.bytes +
                  router.bytes + bias.bytes;
 }
 
 void CudaMoeLayer::Impl::check_call(const void* x, const void* out, int64_t M, DType act, const void* workspace,
-                                    size_t workspace_size, Workspace* L, int* config) const {
+                                    size_t workspace_size, Workspace* L, LayerPlan* plan) const {
   if (act != DType::BF16 && act != DType::F16)
     throw Error(std::string("activation dtype ") + dtype_name(act) + " is not supported by the CUDA layer (f16, bf16)");
   if (M < 0) throw Error(fmt::format("M={} is negative", M));
   if (M * k2 >= (int64_t(1) << 30)) throw Error(fmt::format("M={} tokens x {} slots is too large", M, k2));
-  *config = choose_gemm_config(M, k2, E2, (g1.perm != nullptr && !gathers(M)) || g1.perm_up != nullptr);
-  *L = layout(M, gemm_config_block_m(*config));
+  if (M > 0) *plan = plan_layer_call(shape, M, act);
+  *L = layout(M, plan->config);
   if (M > 0 && (!x || !out)) throw Error("forward: x or out is null");
   if (size_t(L->total) > workspace_size || (M > 0 && !workspace))
     throw Error(fmt::format("forward: workspace of {} bytes is smaller than the {} bytes needed for M={}",
@@ -598,8 +558,8 @@ void CudaMoeLayer::Impl::check_call(const void* x, const void* out, int64_t M, D
 // NOTE: a kernel fusing routing and align at small slot counts (one launch fewer) measured no
 // faster end to end on the H200 and was removed (docs/perf.md).
 void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L,
-                                         int config, cudaStream_t st, bool skip_routing) const {
-  const int block_m = gemm_config_block_m(config);
+                                         const LayerPlan& plan, cudaStream_t st, bool skip_routing) const {
+  const int block_m = gemm_config_block_m(plan.config);
   auto* logits = reinterpret_cast<float*>(ws + L.logits);
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
   const int64_t zero_n = (L.zero_end - L.acc) / 4;  // acc, handoff, the shared-slice parts' scratch
@@ -608,8 +568,7 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   stage_done("router logits", st);
   if (diag_skip(2) || skip_routing) return;
   // A programmatic dependent of the router that reads only x: its gather overlaps the router.
-  const bool shared_first = shared_rows_first(M, config);
-  if (shared_first) {
+  if (plan.shared_rows_first) {
     launch_gather_slots(x, M, H, nullptr, k2, g1.perm, E2, ws + L.xgather, false, st, k, k2);
     stage_done("act-order gather (shared slices)", st);
   }
@@ -617,10 +576,9 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   int32_t* ids2 = slot_ids(ws, L);
   auto* w2 = reinterpret_cast<float*>(ws + (S > 0 ? L.w2 : L.w));
   // One token: the routing kernel writes the align tables too (one launch and one grid-completion
-  // wait fewer before GEMM1). A/B switch: WNA16_NO_ROUTE_ALIGN=1.
-  static const bool no_route_align = std::getenv("WNA16_NO_ROUTE_ALIGN") != nullptr;
+  // wait fewer before GEMM1).
   RoutingAlignOut align;
-  if (M == 1 && k2 <= 32 && !no_route_align) {
+  if (plan.route_align) {
     align.sorted = reinterpret_cast<int32_t*>(ws + L.sorted);
     align.expert_ids = reinterpret_cast<int32_t*>(ws + L.eids);
     align.ntpp = reinterpret_cast<int32_t*>(ws + L.ntpp);
@@ -628,28 +586,9 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
     align.max_padded = L.max_padded;
     align.max_blocks = L.max_blocks;
   }
-  // GEMM1's shared-slice parts use the router's zero-fill before their own wait: the chain after
-  // the routing kernel may start only once the router has completed. (It also keeps their weight
-  // stream off the router's: a variant where the parts needed no zero-fill and GEMM1 started with
-  // the routing kernel measured 1.5-2 us slower at DeepSeek-V3 M=1, docs/perf.md session 9.)
-  // Without the parts the late release pays too up to 16 tokens, except for one token on a wide
-  // layer (K * bits >= 16384), where GEMM1's launch overlapping the routing kernel is worth more:
-  // measured (docs/perf.md, session 9 item 5) Qwen1.5-MoE, DeepSeek-V2-Lite, Qwen3-30B-A3B at
-  // M=4 / 16 -2 to -7%, Qwen1.5 / Qwen3 at M=1 -4 to -5%, Mixtral M=1 +2.3%. Above 16 tokens it
-  // was never measured against the early release, and the full runs before and after it became
-  // the default there (docs/perf.md, session 10 item 5) read DeepSeek-V3 M=64 / 256, Mixtral M=64
-  // and Qwen1.5-MoE M=64 7-13% slower with it, the per-expert loop baseline unchanged: early again
-  // above 16 tokens. A/B switches: WNA16_ROUTE_RELEASE_LATE=1 (late for every call),
-  // WNA16_ROUTE_RELEASE_EARLY=1 (early unless the parts need it).
-  constexpr int64_t kLateReleaseMaxM = 16;
-  static const bool always_late = std::getenv("WNA16_ROUTE_RELEASE_LATE") != nullptr;
-  static const bool early = std::getenv("WNA16_ROUTE_RELEASE_EARLY") != nullptr;
-  const bool pre_parts = uses_pre_parts(L);
-  const bool wide_one_token = M == 1 && decode_items_long(g1);
-  const bool late =
-      shared_first || pre_parts || always_late || (!early && !wide_one_token && M <= kLateReleaseMaxM);
+  // The release (late: when done; early: at its start) is the plan's (dispatch.h).
   launch_routing_with_shared(spec.routing, logits, M, static_cast<const float*>(bias.p), gated ? gate : nullptr, S,
-                             ids2, w2, st, align, late);
+                             ids2, w2, st, align, plan.late_release);
   stage_done("routing", st);
   if (diag_skip(3) || align.sorted) return;
   launch_align(ids2, M * k2, E2, block_m, reinterpret_cast<int32_t*>(ws + L.sorted),
@@ -668,11 +607,10 @@ size_t CudaMoeLayer::workspace_bytes(int64_t max_m) const {
   // The largest BLOCK_M almost always needs the most (padding grows with it, the block table
   // shrinks): take the maximum over the configs to be exact.
   int64_t total = 0;
-  for (int c = 0; c < gemm_config_count(); ++c)
-    total = std::max<int64_t>(total, impl_->layout(max_m, gemm_config_block_m(c)).total);
+  for (int c = 0; c < gemm_config_count(); ++c) total = std::max<int64_t>(total, impl_->layout(max_m, c).total);
   // Up to kPreScratchMaxM tokens the decode layout also holds the shared-slice parts' scratch,
   // which larger M do not: a call with fewer tokens than max_m may need more.
-  total = std::max<int64_t>(total, impl_->layout(std::min(max_m, kPreScratchMaxM), gemm_config_block_m(0)).total);
+  total = std::max<int64_t>(total, impl_->layout(std::min(max_m, kPreScratchMaxM), 0).total);
   return size_t(total);
 }
 
@@ -684,60 +622,49 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   Impl::Call c;
   if (!d.begin_call(x, out, M, act, workspace, workspace_size, stream, &c, true)) return;
   const Workspace& L = c.L;
-  const int config = c.config;
+  const LayerPlan& plan = c.plan;
   const cudaStream_t st = c.st;
   char* ws = c.ws;
-  GemmRun r = d.align_driven_run(act, config, M, ws, L);
+  GemmRun r = d.align_driven_run(act, plan.config, M, ws, L);
   if (diag_skip(4)) return;
 
   d.set_gemm1(r, x, ws, L);
-  if (d.gemm_routes(M, config)) {  // route_and_align ran the router only
+  if (plan.gemm_routes) {  // route_and_align ran the router only
     r.route_logits = reinterpret_cast<const float*>(ws + L.logits);
     r.route_E = int(d.E);
     r.route_topk = int(d.k);
     r.route_renormalize = d.spec.routing.renormalize;
   }
-  // Prefill (m144w): x and the intermediate travel k-permuted, so the kernel copies token rows
+  // Prefill (kperm): x and the intermediate travel k-permuted, so the kernel copies token rows
   // with one 16-byte copy instead of four 4-byte ones; the price is one more pass over x
-  // (launch_kperm_rows, or the act-order gather). A/B switch: WNA16_NO_PREFILL_KPERM=1.
-  static const bool no_kperm = std::getenv("WNA16_NO_PREFILL_KPERM") != nullptr;
-  const bool kperm = !no_kperm && gemm_config_takes_kperm(config);
-  const bool gather = d.gathers(M);
-  const bool shared_first = d.shared_rows_first(M, config);  // route_and_align gathered those rows
-  const DeviceGemm& gemm1 = gather ? d.g1_gathered : d.g1;
-  if (gather) {
-    r.x = d.gather_x(x, M, ws, L, kperm, st, shared_first ? d.k : -1);
+  // (launch_kperm_rows, or the act-order gather).
+  const DeviceGemm& gemm1 = plan.gather ? d.g1_gathered : d.g1;
+  if (plan.gather) {  // route_and_align gathered the shared slices' rows already where shared_rows_first
+    r.x = d.gather_x(x, M, ws, L, plan.kperm, st, plan.shared_rows_first ? d.k : -1);
     stage_done("act-order gather", st);
     r.x_per_slot = true;
-  } else if (kperm) {
+  } else if (plan.kperm) {
     launch_kperm_rows(x, ws + L.xperm, M, d.H, st);
     stage_done("k-permuted x", st);
     r.x = ws + L.xperm;
   }
-  if (kperm) r.x_kperm = r.out_kperm = true;
+  if (plan.kperm) r.x_kperm = r.out_kperm = true;
   // A programmatic dependent of the align step that waits for it first: its launch and start
-  // overlap the align step's tail. A/B switch: WNA16_NO_GEMM1_PDL=1 (a plain launch).
-  r.overlap_previous = r.wait_first = !d.no_gemm1_pdl();
+  // overlap the align step's tail.
+  r.overlap_previous = r.wait_first = true;
   // The decode kernel runs the shared slices' m-blocks (kernel experts 0..S-1, laid out first,
   // tables known from M) before it waits for the align step: their weights stream while the
-  // routing chain runs (GemmRun::pre_wait_slices). A/B switch: WNA16_NO_PRE_WAIT=1.
-  // Act-order: only where the shared slices' rows were gathered before the routing.
-  if (!d.no_pre_wait() && r.wait_first && config == 0 && ((!d.g1.perm && !d.g1.perm_up) || shared_first)) {
+  // routing chain runs (GemmRun::pre_wait_slices).
+  if (plan.pre_wait) {
     r.pre_wait_slices = d.S;
-    if (uses_pre_parts(L)) {
+    if (plan.pre_parts) {
       r.pre_scratch = reinterpret_cast<float*>(ws + L.pre_scratch);
       r.pre_count = reinterpret_cast<int32_t*>(ws + L.pre_count);
     }
   }
   // Both GEMMs on the decode kernel: GEMM2 starts on each m-block as soon as GEMM1 has stored it
-  // (GemmRun::mb_done), so it runs in the slots GEMM1's last partial round leaves idle; where
-  // GEMM1 is too small to leave any (mb_handoff_pays), GEMM2 waits for the whole GEMM1 grid. A/B
-  // switches: WNA16_NO_MB_HANDOFF=1 (never), WNA16_MB_HANDOFF=1 (wherever the kernels allow).
-  static const bool no_handoff = std::getenv("WNA16_NO_MB_HANDOFF") != nullptr;
-  static const bool always_handoff = std::getenv("WNA16_MB_HANDOFF") != nullptr;
-  const bool decode_both = config == 0 && !gemm1.perm && !gemm1.perm_up && !d.g2.perm;
-  const bool handoff = !no_handoff && decode_both && (always_handoff || mb_handoff_pays(gemm1, r));
-  if (handoff) r.mb_done = reinterpret_cast<int32_t*>(ws + L.handoff);
+  // (GemmRun::mb_done), so it runs in the slots GEMM1's last partial round leaves idle.
+  if (plan.handoff) r.mb_done = reinterpret_cast<int32_t*>(ws + L.handoff);
   launch_moe_gemm(gemm1, r, st);
   stage_done("GEMM1 (gate/up)", st);
   if (diag_skip(5)) return;
@@ -749,9 +676,9 @@ void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void*
   r.pre_count = nullptr;
   r.out_kperm = false;  // GEMM2 writes the fp32 accumulator; its input (the intermediate) is k-permuted with kperm
   d.set_gemm2(r, c.acc, c.w2, ws, L);
-  r.splits = choose_splits(d.g2, config, act, M, d.k2, r.decode_4tiles);
+  r.splits = plan.gemm2_splits;
   r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail
-  if (handoff) {
+  if (plan.handoff) {
     r.mb_done_target = int(gemm1.NT / 2);
     r.item_claim = reinterpret_cast<int32_t*>(ws + L.handoff) + handoff_counters(L.max_blocks);
   }
@@ -771,14 +698,15 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
   Impl::Call c;
   if (!d.begin_call(x, out, M, act, workspace, workspace_size, stream, &c, false)) return;
   const Workspace& L = c.L;
-  const int bm = gemm_config_block_m(c.config);
+  const LayerPlan& plan = c.plan;
+  const int bm = gemm_config_block_m(plan.config);
   // The loop pattern needs the per-expert block ranges on the host.
   int32_t ntpp = 0;
   std::vector<int32_t> eids(size_t(L.max_blocks));
   WNA16_CUDA_CHECK(cudaMemcpyAsync(&ntpp, c.ws + L.ntpp, 4, cudaMemcpyDeviceToHost, c.st));
   WNA16_CUDA_CHECK(cudaMemcpyAsync(eids.data(), c.ws + L.eids, eids.size() * 4, cudaMemcpyDeviceToHost, c.st));
   WNA16_CUDA_CHECK(cudaStreamSynchronize(c.st));
-  GemmRun r = d.align_driven_run(act, c.config, M, c.ws, L);
+  GemmRun r = d.align_driven_run(act, plan.config, M, c.ws, L);
   std::vector<std::pair<int64_t, int64_t>> runs;  // (first block, block count) per expert
   const int64_t nblocks = ntpp / bm;
   for (int64_t b = 0; b < nblocks;) {
@@ -787,9 +715,9 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
     runs.emplace_back(b, e - b);
     b = e;
   }
-  const bool gather = d.gathers(M);  // as forward(): the config was chosen for it
+  const bool gather = plan.gather;  // as forward(): the config was chosen for it
   // route_and_align gathered the shared slices' rows already where shared_rows_first.
-  const void* x1 = gather ? d.gather_x(x, M, c.ws, L, false, c.st, d.shared_rows_first(M, c.config) ? d.k : -1) : x;
+  const void* x1 = gather ? d.gather_x(x, M, c.ws, L, false, c.st, plan.shared_rows_first ? d.k : -1) : x;
   for (const auto& [b0, nb] : runs) {
     d.set_gemm1(r, x1, c.ws, L);
     r.x_per_slot = gather;
@@ -803,7 +731,7 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
     d.set_gemm2(r, c.acc, c.w2, c.ws, L);
     r.mb_begin = b0;
     r.mb_count = nb;
-    r.splits = choose_splits(d.g2, c.config, act, M, d.k2, r.decode_4tiles);
+    r.splits = plan.gemm2_splits;
     launch_moe_gemm(d.g2, r, c.st);
   }
   // After the last GEMM2 launch (plain launches here) the cast, a programmatic dependent: its

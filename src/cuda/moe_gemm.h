@@ -107,7 +107,7 @@ enum class GemmEpilogue {
 struct GemmRun {
   GemmEpilogue epilogue = GemmEpilogue::SiluMul;
   DType act = DType::BF16;
-  int config = 0;                 // row of the tile table (gemm_config_block_m gives its BLOCK_M)
+  int config = 0;                 // row of the kernel table (dispatch.h)
   const void* x = nullptr;        // act [rows, K]
   int64_t x_stride = 0;           // elements between rows
   // SiluMul: x has one row per slot (an act-order gather's output, launch_gather_slots: already in
@@ -127,8 +127,7 @@ struct GemmRun {
   int decode_kw = 0;              // decode kernel (config m8): warps per tile unit along K, 1/2/4; 0: chosen
   // Decode kernel, int4: kDecodePairs (0): a warp owns one gate/up tile pair; kDecode4Tiles (1):
   // two adjacent pairs (4 tiles); kDecodeTilesAuto (2): per GEMM, the shape the critical-path model
-  // predicts faster (the default). Int8 always runs one pair per warp. The layer sets it from
-  // decode_4tiles_default().
+  // predicts faster (the default; the layer's choice). Int8 always runs one pair per warp.
   int decode_4tiles = 2;  // kDecodeTilesAuto
   // Launch as a programmatic dependent of the previous kernel in the stream: the decode kernel
   // streams its first weights while that kernel finishes and waits for it before reading x.
@@ -199,56 +198,13 @@ constexpr int64_t kperm_pos(int64_t k) {
   return (k & ~int64_t(63)) + 2 * (4 * (rp & 7) + (rp >> 3)) + (k & 1);
 }
 
-int gemm_config_count();
-int gemm_config_block_m(int config);
-// Whether the config's kernel takes k-permuted activations (GemmRun::x_kperm / out_kperm): m144w.
-bool gemm_config_takes_kperm(int config);
-const char* gemm_config_name(int config);
-// The tile config for M tokens routed to E experts with topk slots each; act_order: the GEMM
-// gathers x through a perm (some configs have no gather and are never chosen then).
-int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool act_order);
 constexpr int kDecodePairs = 0, kDecode4Tiles = 1, kDecodeTilesAuto = 2;  // GemmRun::decode_4tiles
-// Split-K for the WeightedSum GEMM so that the work items fill the resident blocks once.
-// decode_4tiles: the decode kernel's variant (GemmRun::decode_4tiles) the split is for.
-int choose_splits(const DeviceGemm& w, int config, DType act, int64_t M, int64_t topk, int decode_4tiles = kDecodeTilesAuto);
-// The A/B switch WNA16_DECODE_4TILES (read once): "0" kDecodePairs, "1" kDecode4Tiles, unset (or
-// "auto") kDecodeTilesAuto (measured fastest, docs/perf.md). The layer's GemmRun::decode_4tiles.
-int decode_4tiles_default();
-// Blocks of the kernel of config (bits, act) resident on the whole device (occupancy x SMs).
-int resident_blocks(int bits, int config, DType act);
-// The m-block handoff's counters per m-block (GemmRun::mb_done), and the tile pairs each counts of
-// GEMM1's `pairs` (NT / 2): even, so that a warp's unit of two pairs never straddles two slots.
-// A/B switch WNA16_HANDOFF_SLOTS=N (1..8, default 8): N slots (1: the whole m-block at once).
+// The m-block handoff's counters per m-block (GemmRun::mb_done); each counts
+// handoff_pairs_per_slot (dispatch.h) of GEMM1's tile pairs.
 constexpr int kHandoffSlots = 8;
-int handoff_pairs_per_slot(int64_t pairs);
 // The handoff block of a layer call: handoff_counters(max_blocks) counters (GemmRun::mb_done), then
 // GEMM2's item counter (GemmRun::item_claim) at that offset; all zero before GEMM1 starts.
 constexpr int64_t handoff_counters(int64_t max_blocks) { return max_blocks * kHandoffSlots; }
-// Whether the m-block handoff (GemmRun::mb_done) is expected to pay for GEMM1 run r1 of g1 (the
-// decode kernel; false for any other kernel): its work items (in the shape GEMM1 takes with the
-// handoff, which fills at least one round where it can) fill at least 9/10 of the resident blocks,
-// so GEMM2 can use slots GEMM1 leaves idle before it ends (measured, docs/perf.md).
-bool mb_handoff_pays(const DeviceGemm& g1, const GemmRun& r1);
-// Whether a decode work item of g (64 weight columns over all of K) carries at least 128 KiB of
-// weights (K * bits >= 16384): long enough to outlast the one-token routing chain.
-bool decode_items_long(const DeviceGemm& g);
-// Whether the decode kernel can route one token itself on g (GemmRun::route_logits): int4 in
-// groups of 128 without act-order, the variant that exists.
-bool decode_routes_token(const DeviceGemm& g);
-// Whether GEMM1 (g1) at `tokens` tokens should run its shared slices' items in K parts
-// (GemmRun::pre_scratch): one token, int4 with groups of 64, 128 or 256 (the kernel's static-group
-// variants), no act-order, and decode_items_long. Measured (docs/perf.md, session 9): DeepSeek-V3 (K=7168) gains;
-// Qwen1.5-MoE and DeepSeek-V2-Lite (K=2048), and DeepSeek-V3 at 4 tokens, lose.
-bool shared_slice_parts_pay(const DeviceGemm& g1, int64_t tokens);
-// Expected m-blocks of bm tokens when M tokens each pick topk distinct experts of E uniformly:
-// E * E[ceil(n / bm)], n ~ Binomial(M, topk / E). The decode work model's m-block estimate
-// (WNA16_DECODE_MBLOCKS=spill: the older one, an A/B switch). Throws Error naming the value for any
-// argument < 1.
-double expected_mblocks(int64_t M, int64_t topk, int64_t E, int64_t bm);
-// The A/B switch WNA16_DECODE_KW (the decode kernel's in-block K split), parsed: "" -> {0, 0} (the
-// model chooses); "K" -> {K, K}; "K1,K2" -> {GEMM1's, GEMM2's}; each 0 (the model), 1, 2 or 4.
-// Throws Error naming the value otherwise.
-std::pair<int, int> parse_decode_kw_pin(const std::string& v);
 
 // Sets the kernels' shared-memory limits and reads their occupancy (no launch); launch_moe_gemm
 // does it on first use otherwise. Call before capturing a graph.

@@ -786,9 +786,8 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
     }
     // Many tokens and experts: tensor cores (DeepSeek-V3 M=4096: 15 GFLOP that the fp32 tiled
     // kernel took 0.74 ms for). Needs 16-byte x rows; few tiles would leave SMs idle (tiled + split).
-    static const bool no_mma = std::getenv("WNA16_NO_ROUTER_MMA") != nullptr;  // A/B switch
     const int64_t mma_tiles = int64_t((E_ext + kMmaTE - 1) / kMmaTE) * ((M + kMmaTM - 1) / kMmaTM);
-    if (!no_mma && M > kSmallMaxM && E_ext >= 32 && H % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+    if (M > kSmallMaxM && E_ext >= 32 && H % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
         reinterpret_cast<uintptr_t>(router) % 16 == 0 && mma_tiles >= sm_count() && (M + kMmaTM - 1) / kMmaTM <= 65535) {
       const dim3 grid(unsigned((E_ext + kMmaTE - 1) / kMmaTE), unsigned((M + kMmaTM - 1) / kMmaTM));
       router_mma_kernel<T, R><<<grid, kMmaThreads, 0, s>>>(xt, int(M), int(H), rw, E, E_ext, logits, gate_logit,

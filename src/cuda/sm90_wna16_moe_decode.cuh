@@ -23,17 +23,10 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodePF = 4;             // int4 k-chunks of one tile pair (1 KB of weights each) in flight per warp
 constexpr int kDecodeBM = CfgM8::BLOCK_M;
-// Blocks per SM the register budget is cut for (4: <= 128 registers, 16 warps per SM).
-#ifndef WNA16_DECODE_MIN_BLOCKS
-#define WNA16_DECODE_MIN_BLOCKS 4
-#endif
-constexpr int kDecodeMinBlocks = WNA16_DECODE_MIN_BLOCKS;
-// Where the weight ring lives: registers (loads straight to registers) or a per-warp
-// shared-memory ring filled by cp.async (fewer registers, so more warps per SM).
-#ifndef WNA16_DECODE_SMEM_W
-#define WNA16_DECODE_SMEM_W 0
-#endif
-constexpr bool kDecodeSmemW = WNA16_DECODE_SMEM_W != 0;  // tokens per m-block: one 8-wide MMA column
+// Blocks per SM the register budget is cut for (4: <= 128 registers, 16 warps per SM). The weight
+// ring lives in registers (a shared-memory ring filled by cp.async, for more warps per SM, was
+// measured slower: docs/perf.md).
+constexpr int kDecodeMinBlocks = 4;
 static_assert(kDecodeBM == 8, "one MMA token column per m-block");
 static_assert(PackedGemm::kTilePad % (2 * kDecodeWarps) == 0, "a block's tile pairs must divide the n-tile padding");
 // The 4-tile variant's units (2 pairs) divide the padding, and so do blocks of 2 units (kw = 2, 4).
@@ -86,7 +79,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   static_assert(sizeof(xs_ring[0]) >= NTW * 4 * 32 * sizeof(float), "partial sums fit in a warp's ring");
   // [warp][ring][scale of tile 0 .. NTW-1, zero of tile 0 .. NTW-1][lane]
   __shared__ uint32_t meta_ring[kDecodeWarps][PF][2 * NTW][32];
-  __shared__ uint4 w_ring[kDecodeSmemW ? kDecodeWarps : 1][kDecodeSmemW ? PF : 1][NTW * U][32];  // kDecodeSmemW only
 
   // Programmatic dependent launch (no-ops without the launch attribute): the next kernel may
   // start its weight prefetch now (griddepcontrol.wait there still waits for this whole grid and
@@ -279,7 +271,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     // is the only synchronisation. NOTE: activations and scales need the same lead as the weights:
     // they come from L2 or DRAM, and a round trip under a full DRAM stream is far longer than one
     // chunk's work.
-    uint4 wbuf[kDecodeSmemW ? 1 : PF][NTW * U];
+    uint4 wbuf[PF][NTW * U];
     const uint4* wnext = p.qweight + int64_t(expert) * p.qw_stride + int64_t(kb) * wstride + int64_t(nt0) * U * 32 + lane;
     const uint4* xnext = reinterpret_cast<const uint4*>(xrow ? xrow + kb * 64 : x);
     uint4* xring = &xs_ring[warp][0][g][2 * tig];
@@ -302,10 +294,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
     }
     auto load_w = [&](int ring) {
 #pragma unroll
-      for (int u = 0; u < NTW * U; ++u) {
-        if constexpr (kDecodeSmemW) cp_async16(&w_ring[warp][ring][u][lane], wnext + u * 32);
-        else wbuf[ring][u] = ld_stream16(wnext + u * 32);
-      }
+      for (int u = 0; u < NTW * U; ++u) wbuf[ring][u] = ld_stream16(wnext + u * 32);
       wnext += wstride;
     };
     // cyc: the chunk's position in the loop body's UN chunks (static groups: it fixes the group
@@ -404,8 +393,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         for (int i = 0; i < NTW; ++i)
 #pragma unroll
           for (int u = 0; u < U; ++u) {
-            const uint4 v = kDecodeSmemW ? w_ring[warp][r][i * U + u][lane] : wbuf[kDecodeSmemW ? 0 : r][i * U + u];
-            put_words(&wq[i][4 * u], v);
+            put_words(&wq[i][4 * u], wbuf[r][i * U + u]);
           }
 
         if constexpr (DEFER) {

@@ -474,10 +474,9 @@ void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t strea
                 std::to_string(kp.meta_stride) + ", NT=" + std::to_string(kp.NT) + ")");
   const int bps = prepare_prefill<T, BITS>();
   // GEMM2 over the k-permuted intermediate of known extent: the token tile by one tensor copy per
-  // chunk (A/B switch: WNA16_NO_PREFILL_TMA_X=1).
-  static const bool no_tma_x = std::getenv("WNA16_NO_PREFILL_TMA_X") != nullptr;
+  // chunk.
   CUtensorMap x_map{};
-  const int x_tma = kp.epilogue == 1 && kp.x_kperm && kp.x_rows > 0 && !no_tma_x ? 1 : 0;
+  const int x_tma = kp.epilogue == 1 && kp.x_kperm && kp.x_rows > 0 ? 1 : 0;
   if (x_tma) encode_x_tile_map(&x_map, kp.x, kp.K, kp.x_rows, kp.x_stride, CfgM144W::BLOCK_M);
   const int64_t nb_count = (kp.NT + CfgM144W::NTB - 1) / CfgM144W::NTB;
   const int64_t upper = upper_mblocks * nb_count * kp.splits;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/dispatch.h"
 #include "cuda/moe_gemm.h"
 #include "cuda/moe_layer_kernels.h"
 #include "wna16/cuda_kernels.h"
@@ -488,11 +489,10 @@ DeviceGemm host_gemm_shape(const int* dummy, int bits, int64_t E, int64_t K, int
 TEST(MoeGemm, PrefillRefusesActOrder) {
   const int config = config_named("m144w");
   ASSERT_GE(config, 0);
-  if (!std::getenv("WNA16_NO_WGMMA_PREFILL") && !std::getenv("WNA16_PREFILL_MIN_TOKENS")) {
-    EXPECT_EQ(choose_gemm_config(4096, 8, 256, false), config);  // DeepSeek-V3 prefill: ~128 per expert
-    EXPECT_EQ(choose_gemm_config(256, 2, 8, false), config);     // Mixtral: 64 per expert, the bound
-    EXPECT_NE(choose_gemm_config(208, 2, 8, false), config);     // 52 per expert: the staged kernel
-  }
+  EXPECT_EQ(choose_gemm_config(4096, 8, 256, false), config);  // DeepSeek-V3 prefill: ~128 per expert
+  EXPECT_EQ(choose_gemm_config(256, 2, 8, false), config);     // Mixtral: 64 per expert, the bound
+  EXPECT_NE(choose_gemm_config(208, 2, 8, false), config);     // 52 per expert: the staged kernel
+  EXPECT_FALSE(gemm_config_gathers(config));
   EXPECT_NE(choose_gemm_config(4096, 8, 256, true), config);
   int dummy = 0;
   DeviceGemm d = tiny_host_gemm(&dummy);
@@ -507,16 +507,29 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
   }
 }
 
-// The tile config by tokens per expert (host-only): the decode kernel (m8) up to 40 without
-// act-order (several m-blocks per expert beyond 8), the staged m32 kernel for act-order there.
+// The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 40 without
+// act-order (several m-blocks per expert beyond 8), the staged m32 kernel for act-order with its own
+// gather there, m64 between 40 and 64 and for that act-order above, m144w from 64 without it.
 TEST(MoeGemm, ChoosesDecodeUpTo40TokensPerExpert) {
-  if (std::getenv("WNA16_DECODE_MAX_TOKENS")) GTEST_SKIP() << "WNA16_DECODE_MAX_TOKENS is set";
-  const int m8 = config_named("m8"), m32 = config_named("m32");
+  const int m8 = config_named("m8"), m32 = config_named("m32"), m64 = config_named("m64"),
+            m144w = config_named("m144w");
   EXPECT_EQ(choose_gemm_config(1, 2, 8, false), m8);
   EXPECT_EQ(choose_gemm_config(64, 2, 8, false), m8);    // Mixtral: 16 per expert
   EXPECT_EQ(choose_gemm_config(1024, 8, 256, false), m8);  // DeepSeek-V3: 32 per expert
   EXPECT_EQ(choose_gemm_config(64, 2, 8, true), m32);
   EXPECT_NE(choose_gemm_config(256, 2, 8, false), m8);   // Mixtral: 64 per expert
+  // E = 1, top-1: tokens per expert = M.
+  for (bool gather : {false, true}) {
+    EXPECT_EQ(choose_gemm_config(8, 1, 1, gather), m8);
+    EXPECT_EQ(choose_gemm_config(9, 1, 1, gather), gather ? m32 : m8);
+    EXPECT_EQ(choose_gemm_config(40, 1, 1, gather), gather ? m32 : m8);
+    EXPECT_EQ(choose_gemm_config(41, 1, 1, gather), m64);
+    EXPECT_EQ(choose_gemm_config(63, 1, 1, gather), m64);
+    EXPECT_EQ(choose_gemm_config(64, 1, 1, gather), gather ? m64 : m144w);
+    EXPECT_EQ(choose_gemm_config(100000, 1, 1, gather), gather ? m64 : m144w);
+  }
+  for (int c = 0; c < gemm_config_count(); ++c) EXPECT_EQ(config_named(gemm_config_name(c)), c);
+  EXPECT_THROW(gemm_config_block_m(gemm_config_count()), Error);
 }
 
 // The expected m-block count of the decode work model (host-only): exact small cases, a Monte
@@ -703,23 +716,6 @@ TEST(MoeGemm, GatherSlotsKernel) {
   EXPECT_NE(refusal(-1, H, k2, false).find("M=-1"), std::string::npos);
 }
 
-// The WNA16_DECODE_KW switch's parser (host-only): one pin for both GEMMs or one each; anything
-// else is refused naming the value.
-TEST(MoeGemm, DecodeKwPinParses) {
-  EXPECT_EQ(parse_decode_kw_pin(""), std::make_pair(0, 0));
-  EXPECT_EQ(parse_decode_kw_pin("4"), std::make_pair(4, 4));
-  EXPECT_EQ(parse_decode_kw_pin("4,0"), std::make_pair(4, 0));
-  EXPECT_EQ(parse_decode_kw_pin("1,2"), std::make_pair(1, 2));
-  for (const char* bad : {"3", "4,", ",2", "x", "4,2,1", "8,1"}) {
-    try {
-      parse_decode_kw_pin(bad);
-      ADD_FAILURE() << "WNA16_DECODE_KW=" << bad << " accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("WNA16_DECODE_KW=") + bad), std::string::npos) << e.what();
-    }
-  }
-}
-
 // The staged and prefill kernels index x with 32-bit element offsets: a GEMM whose x would not fit
 // is refused before launch, naming the sizes (host-only: runs without a GPU too).
 TEST(MoeGemm, RefusesXBeyondIndexRange) {
@@ -903,8 +899,7 @@ TEST(MoeGemm, SharedSlicePartsWhereItemsAreLong) {
 TEST(MoeGemm, RoutesOneTokenOnlyWhereTheVariantExists) {
   int dummy[8] = {};
   auto shape = [&](int bits, int64_t K, int64_t group) { return host_gemm_shape(dummy, bits, 8, K, 256, group); };
-  const bool switches_off = std::getenv("WNA16_NO_DEFER") || std::getenv("WNA16_NO_STATIC_GROUPS");
-  EXPECT_EQ(decode_routes_token(shape(4, 4096, 128)), !switches_off);
+  EXPECT_TRUE(decode_routes_token(shape(4, 4096, 128)));
   EXPECT_FALSE(decode_routes_token(shape(4, 4096, 64)));
   EXPECT_FALSE(decode_routes_token(shape(4, 4096, 4096)));
   EXPECT_FALSE(decode_routes_token(shape(8, 4096, 128)));

@@ -51,6 +51,8 @@ static_assert(kConfigs[0].block_m < kConfigs[1].block_m && kConfigs[1].block_m <
               "configs are ordered by BLOCK_M; the largest sizes the workspace");
 static_assert(kConfigs[2].max_plain > 0 && kConfigs[2].max_gather >= kAny, "m64 is the fallback of every call");
 
+int g_forced_config = -1;  // force_gemm_config
+
 const ConfigRow& row(int config) {
   if (config < 0 || config >= kNumConfigs) throw Error("GEMM config " + std::to_string(config) + " does not exist");
   return kConfigs[config];
@@ -76,6 +78,12 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather) {
   return 2;  // unreachable: m64 takes every call the rows before it do not
 }
 
+void force_gemm_config(int config) {
+  if (config != -1) (void)row(config);
+  g_forced_config = config;
+}
+int forced_gemm_config() { return g_forced_config; }
+
 // ---- the layer call ----------------------------------------------------------------------------
 bool layer_gathers(const LayerShape& s, int64_t M) {
   const int64_t k2 = s.k + s.S;
@@ -91,7 +99,14 @@ LayerPlan plan_layer_call(const LayerShape& s, int64_t M, DType act) {
   const int64_t k2 = s.k + s.S;
   const DeviceGemm& g1 = *s.g1;
   p.gather = layer_gathers(s, M);
-  p.config = choose_gemm_config(M, k2, s.E + s.S, (g1.perm && !p.gather) || g1.perm_up);
+  const bool staged_gather = (g1.perm && !p.gather) || g1.perm_up;
+  p.config = choose_gemm_config(M, k2, s.E + s.S, staged_gather);
+  if (g_forced_config >= 0) {
+    if (staged_gather && !gemm_config_gathers(g_forced_config))
+      throw Error(std::string("forced GEMM config ") + gemm_config_name(g_forced_config) +
+                  " has no act-order gather, which this layer needs at M=" + std::to_string(M));
+    p.config = g_forced_config;
+  }
   const bool decode = p.config == 0;
   // Shared rows gathered before the routing: wide layers (DeepSeek-V3) up to 16 tokens. Narrower
   // layers lost more to the extra launch than the run-ahead gave. DeepSeek-V3 act-order M=1

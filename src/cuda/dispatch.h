@@ -26,6 +26,12 @@ const char* gemm_config_name(int config);
 // The tile config for M tokens routed to E experts with topk slots each. staged_gather: the GEMM
 // gathers x through its own perm (the configs without that gather are never chosen then).
 int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather);
+// Measurement hook of the benchmarks (`wna16 bench --config NAME`, the timing smoke), never set by
+// the library itself: every layer call runs this row instead of the table's choice, where the row
+// can run the call (a row without the act-order gather is refused for a GEMM that needs it, naming
+// both). -1 (the default): the table. Set it before the calls, not during them.
+void force_gemm_config(int config);
+int forced_gemm_config();  // -1 when none
 
 // ---- the layer call ----------------------------------------------------------------------------
 // What the layer knows of itself at build time.

@@ -1,7 +1,6 @@
 // Backend dispatch: picks the CPU or CUDA implementation of a MoE layer.
 #include "wna16/backend.h"
 
-#include "wna16/bench.h"
 #include "wna16/error.h"
 
 namespace wna16 {
@@ -34,9 +33,6 @@ double layer_tolerance(DType act) {
 #ifndef WNA16_HAVE_CUDA
 bool cuda_available() { return false; }
 std::unique_ptr<MoeBackendLayer> make_cuda_layer(const MoeLayerSpec&, const MoeLayerWeights&) {
-  throw Error("this build of wna16 has no CUDA backend (nvcc was not found at configure time); use --device cpu");
-}
-int run_cuda_bench(const BenchOptions&) {
   throw Error("this build of wna16 has no CUDA backend (nvcc was not found at configure time); use --device cpu");
 }
 #endif

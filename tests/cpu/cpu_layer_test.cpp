@@ -7,9 +7,9 @@
 #include <string>
 #include <tuple>
 
+#include "bench/cpu/scalar_baseline.h"
 #include "cpu/cpu_layer.h"
 #include "cpu/isa.h"
-#include "cpu/scalar_baseline.h"
 #include "cpu_test_util.h"
 #include "wna16/error.h"
 

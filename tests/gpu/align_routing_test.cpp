@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/align_bench.h"
+#include "bench/cuda/align_bench.h"
 #include "cuda/moe_layer_kernels.h"
 #include "test_util.h"
 #include "wna16/cuda_kernels.h"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/bench_weights.h"
+#include "bench/cuda/bench_weights.h"
 #include "wna16/cuda.h"
 #include "wna16/half.h"
 #include "wna16/moe.h"

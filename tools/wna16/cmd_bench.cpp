@@ -1,12 +1,12 @@
 // `wna16 bench`: times the fused MoE layer per preset and token count on the chosen backend
 // (run_cpu_bench / run_cuda_bench, bench.h), with the machine's ceiling and the baselines measured
-// in the same run. Table on stdout, --json / --csv files on request, PASSED/FAILED and exit code
+// in the same run. Table on stdout, --json / --csv / --plot files on request, PASSED/FAILED and exit code
 // from the correctness check of each benchmarked layer.
 #include <string>
 #include <vector>
 
+#include "bench/bench.h"
 #include "commands.h"
-#include "wna16/bench.h"
 #include "wna16/error.h"
 
 namespace wna16::cli {
@@ -14,7 +14,7 @@ namespace {
 
 struct BenchArgs {
   CommonOptions common;
-  std::string json, csv;
+  std::string json, csv, plot;
   double min_seconds = 0;
 };
 
@@ -38,6 +38,8 @@ const CommandRegistrar reg([](CLI::App& root) {
   args->common.add_to(*app);
   app->add_option("--json", args->json, "write the results as JSON to this path");
   app->add_option("--csv", args->csv, "write the results as CSV to this path");
+  app->add_option("--plot", args->plot,
+                  "draw time and % of the roofline against M per preset, with the baselines, as SVG (FILE.svg)");
   app->add_option("--min-seconds", args->min_seconds, "timed seconds per case (0 = backend default)");
   app->callback([app, args] {
     const CommonOptions& c = args->common;
@@ -50,6 +52,7 @@ const CommandRegistrar reg([](CLI::App& root) {
     o.act = c.act_dtype();
     o.json_path = args->json;
     o.csv_path = args->csv;
+    o.plot_path = args->plot;
     o.min_seconds = args->min_seconds;
     const int rc = c.resolved_device() == Device::Cuda ? run_cuda_bench(o) : run_cpu_bench(o);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -1,4 +1,5 @@
-// `wna16 bench`: the per-backend benchmark drivers the CLI calls.
+// `wna16 bench`: the per-backend benchmark drivers the CLI calls. Not part of the installed
+// library: built as the wna16_bench target (bench/), linked by the CLI and the tests.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,12 +17,13 @@ struct BenchOptions {
   DType act = DType::BF16;
   std::string json_path;            // write results as JSON here when non-empty
   std::string csv_path;             // and/or CSV
+  std::string plot_path;            // and/or an SVG plot of time and % of the roofline against M
   double min_seconds = 0.0;         // time budget per case hint (0 = backend default)
 };
 
 // Both print a table to stdout and return 0 on success (non-zero if a correctness check of the
 // benchmarked layer failed).
-int run_cpu_bench(const BenchOptions& opts);   // src/cpu
-int run_cuda_bench(const BenchOptions& opts);  // src/cuda; throws Error when built without CUDA
+int run_cpu_bench(const BenchOptions& opts);   // bench/cpu
+int run_cuda_bench(const BenchOptions& opts);  // bench/cuda; throws Error when built without CUDA
 
 }  // namespace wna16

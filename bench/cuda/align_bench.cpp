@@ -1,5 +1,5 @@
 // bench_align_us: graph replay of back-to-back launch_align calls, timed with CUDA events.
-#include "cuda/align_bench.h"
+#include "bench/cuda/align_bench.h"
 
 #include <cuda_runtime.h>
 

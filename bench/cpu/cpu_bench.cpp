@@ -17,6 +17,8 @@
 //    out. FLOPs: 2 M (k 3 I H + 3 I_shared H). Median time, min/max as the spread.
 //  - Baselines in the same run: the float64 reference (small M only) and the single-threaded
 //    scalar per-expert loop (scalar_baseline.h, M <= 16).
+//  - --plot FILE.svg: time against M per preset, those baselines and the read-stream floor
+//    (bench/plot_svg.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,11 +34,13 @@
 #include <unistd.h>
 #include <vector>
 
+#include "bench/bench.h"
+#include "bench/cpu/scalar_baseline.h"
+#include "bench/plot_svg.h"
+#include "bench/provenance.h"
 #include "cpu/cpu_layer.h"
 #include "cpu/kernels.h"
-#include "cpu/scalar_baseline.h"
 #include "cpu/thread_pool.h"
-#include "wna16/bench.h"
 #include "wna16/error.h"
 #include "wna16/reference.h"
 
@@ -78,24 +82,6 @@ int64_t llc_bytes() {
     return s.back() == 'K' ? n << 10 : s.back() == 'M' ? n << 20 : n;
   }
   return 32ll << 20;
-}
-
-std::string git_commit() {
-  std::string out;
-  if (FILE* p = popen("git rev-parse --short HEAD 2>/dev/null", "r")) {
-    char buf[64];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out.empty() ? "unknown" : out;
-}
-
-std::string today() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
-  return buf;
 }
 
 // Streams buf with every pool thread (one contiguous slice each); returns GB/s.
@@ -250,6 +236,39 @@ std::string fmt_or_na(double v, const char* f) {
   return b;
 }
 
+// "E8 k2 H256 I128", with " shared N" when the preset has a shared expert.
+std::string shape_of(const MoeLayerSpec& spec) {
+  char b[128];
+  std::snprintf(b, sizeof b, "E%d k%d H%lld I%lld", spec.routing.num_experts, spec.routing.top_k,
+                static_cast<long long>(spec.hidden), static_cast<long long>(spec.inter));
+  std::string s = b;
+  if (spec.shared_kind != SharedExpertKind::None) s += " shared " + std::to_string(spec.shared_inter);
+  return s;
+}
+
+// The --plot figure: per preset our layer, then the baselines timed in the same run (the scalar
+// per-expert loop and the float64 reference, at the M they were timed), and the read-stream floor
+// per M (the bytes of the %BW column over the best read bandwidth of the run; no compute ceiling).
+bench::PlotInput plot_input(std::vector<bench::PlotPreset> presets, const std::vector<CaseResult>& results, double bw) {
+  bench::PlotInput in;
+  in.ceilings = {"read " + fmt_or_na(bw, "%.1f") + " GB/s (best stream pass of the run)"};
+  for (bench::PlotPreset& p : presets) {
+    bench::PlotSeries ours{"wna16", {}}, scalar{"scalar per-expert loop (1 thread)", {}}, ref{"float64 reference", {}};
+    for (const CaseResult& r : results) {
+      if (r.model != p.name) continue;
+      ours.points.push_back({r.M, r.us});
+      if (std::isfinite(r.base_us)) scalar.points.push_back({r.M, r.base_us});
+      if (std::isfinite(r.ref_us)) ref.points.push_back({r.M, r.ref_us});
+      p.floor.push_back({r.M, 1e3 * r.mbytes / bw});  // MB / (GB/s) = ms
+    }
+    p.series.push_back(std::move(ours));
+    for (bench::PlotSeries* b : {&scalar, &ref})
+      if (!b->points.empty()) p.series.push_back(std::move(*b));
+  }
+  in.presets = std::move(presets);
+  return in;
+}
+
 }  // namespace
 
 int run_cpu_bench(const BenchOptions& o) {
@@ -280,7 +299,7 @@ int run_cpu_bench(const BenchOptions& o) {
   double bw_best = bw_start;  // raised by every later eviction pass: the best of the whole run
 
   const std::string machine = cpu_model();
-  const std::string commit = git_commit(), date = today();
+  const std::string commit = bench::git_commit(), date = bench::utc_now();
   std::printf("wna16 bench (cpu): %s, %d threads, ISA %s, LLC %.0f MiB\n", machine.c_str(), pool.size(),
               cpu::isa_name(isa), double(llc) / (1 << 20));
   std::printf("date %s, commit %s, scheme %s, activations %s\n", date.c_str(), commit.c_str(),
@@ -292,10 +311,12 @@ int run_cpu_bench(const BenchOptions& o) {
               "(wall x threads) over the case's timed loop (below 100: other processes took the cores)\n");
 
   std::vector<CaseResult> results;
+  std::vector<bench::PlotPreset> plot_presets;  // name and shape; the series are filled at the end
   bool all_pass = true;
   for (const std::string& name : models) {
     const MoeLayerSpec spec = preset(name);
     const int64_t H = spec.hidden, I = spec.inter, k = spec.routing.top_k;
+    plot_presets.push_back({name, shape_of(spec), {}, {}});
     auto t_gen = Clock::now();
     const MoeLayerWeights w = bench_layer(spec, o.scheme, 1234);
     const double gen_s = since(t_gen);
@@ -439,6 +460,14 @@ int run_cpu_bench(const BenchOptions& o) {
         << num(r.pct_adj) << "," << num(r.cpu_share) << ","
         << num(r.gflops) << "," << num(r.ref_us) << "," << num(r.ref_us / r.us) << "," << num(r.base_us) << ","
         << num(r.base_us / r.us) << "," << num(r.check_err) << "," << (r.pass ? "true" : "false") << "\n";
+  }
+  if (!o.plot_path.empty()) {
+    bench::PlotInput plot = plot_input(std::move(plot_presets), results, bw);
+    plot.title = std::string("wna16 bench --device cpu: ") + o.scheme.describe() + ", " + dtype_name(act);
+    plot.provenance = date + ", " + machine + " (" + std::to_string(pool.size()) + " threads, " + cpu::isa_name(isa) +
+                      "), commit " + commit;
+    bench::write_svg(plot, o.plot_path);
+    std::printf("plot: %s\n", o.plot_path.c_str());
   }
   std::printf("\n%s\n", all_pass ? "PASSED" : "FAILED (a benchmarked layer does not match the float64 reference)");
   return all_pass ? 0 : 1;

@@ -23,7 +23,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <exception>
 #include <functional>
 #include <future>
@@ -32,22 +31,20 @@
 #include <thread>
 #include <vector>
 
-#include "bench_kernels.h"
-#include "bench_report.h"
-#include "bench_weights.h"
+#include "bench/bench.h"
+#include "bench/cuda/align_bench.h"
+#include "bench/cuda/bench_kernels.h"
+#include "bench/cuda/bench_report.h"
+#include "bench/cuda/bench_weights.h"
+#include "bench/cuda/device_timing.h"
+#include "bench/plot_svg.h"
+#include "bench/provenance.h"
 #include "cuda/cuda_check.h"
 #include "wna16/backend.h"
-#include "wna16/bench.h"
 #include "wna16/cuda.h"
 #include "wna16/cuda_kernels.h"
 #include "wna16/error.h"
 #include "wna16/reference.h"
-
-// The align helper's timer, when the build has it (same method as here: graph of launches).
-#if __has_include("align_bench.h")
-#include "align_bench.h"
-#define WNA16_BENCH_HAVE_ALIGN_BENCH 1
-#endif
 
 namespace wna16::cuda::bench {
 namespace {
@@ -64,119 +61,6 @@ constexpr double kWeightSetsBudget = 8e9;    // bytes of rotated weight copies p
 constexpr int kAlignE = 256;
 constexpr int64_t kAlignSlots = 32768;
 constexpr int kAlignBlockM = 64;
-
-// Owning device allocation.
-class DevBuf {
- public:
-  DevBuf() = default;
-  explicit DevBuf(size_t bytes) {
-    WNA16_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(bytes, 16)));
-    n_ = bytes;
-  }
-  ~DevBuf() {
-    if (p_) cudaFree(p_);
-  }
-  DevBuf(DevBuf&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
-  DevBuf& operator=(DevBuf&& o) noexcept {
-    if (this != &o) {
-      if (p_) cudaFree(p_);
-      p_ = o.p_, n_ = o.n_;
-      o.p_ = nullptr, o.n_ = 0;
-    }
-    return *this;
-  }
-  template <class T = void>
-  T* get() const {
-    return static_cast<T*>(p_);
-  }
-  char* bytes_at(size_t off) const { return static_cast<char*>(p_) + off; }
-  size_t size() const { return n_; }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
-};
-
-// An instantiated graph, destroyed with its owner.
-class GraphExec {
- public:
-  ~GraphExec() {
-    if (exec_) cudaGraphExecDestroy(exec_);
-  }
-  // Captures `body` on stream s. Returns false (with the reason) when capture is refused, so the
-  // caller can fall back to eager launches and say so.
-  bool capture(cudaStream_t s, const std::function<void()>& body, std::string& why) {
-    WNA16_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    cudaGraph_t g = nullptr;
-    try {
-      body();
-    } catch (const std::exception& e) {
-      cudaStreamEndCapture(s, &g);
-      if (g) cudaGraphDestroy(g);
-      cudaGetLastError();
-      why = e.what();
-      return false;
-    }
-    cudaError_t err = cudaStreamEndCapture(s, &g);
-    if (err == cudaSuccess) err = cudaGraphInstantiate(&exec_, g, 0);
-    if (g) cudaGraphDestroy(g);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      why = cudaGetErrorString(err);
-      exec_ = nullptr;
-      return false;
-    }
-    return true;
-  }
-  void launch(cudaStream_t s) const { WNA16_CUDA_CHECK(cudaGraphLaunch(exec_, s)); }
-
- private:
-  cudaGraphExec_t exec_ = nullptr;
-};
-
-// Median / p10 / p90 of per-call microseconds over replays of `enqueue`, each of which performs
-// `calls` layer calls. One warm-up replay (graph upload, lazy loading, cuBLAS heuristics), one to
-// size the repetition count to `budget_s`, then at least 3 timed replays.
-Timing time_calls(cudaStream_t s, int calls, double budget_s, const std::function<void()>& enqueue) {
-  enqueue();
-  WNA16_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaEvent_t a, b;
-  WNA16_CUDA_CHECK(cudaEventCreate(&a));
-  WNA16_CUDA_CHECK(cudaEventCreate(&b));
-  WNA16_CUDA_CHECK(cudaEventRecord(a, s));
-  enqueue();
-  WNA16_CUDA_CHECK(cudaEventRecord(b, s));
-  WNA16_CUDA_CHECK(cudaEventSynchronize(b));
-  float first_ms = 0;
-  WNA16_CUDA_CHECK(cudaEventElapsedTime(&first_ms, a, b));
-  WNA16_CUDA_CHECK(cudaEventDestroy(a));
-  WNA16_CUDA_CHECK(cudaEventDestroy(b));
-  const int reps = int(std::clamp(budget_s * 1e3 / std::max(double(first_ms), 1e-3), 3.0, 200.0));
-
-  std::vector<cudaEvent_t> ev(size_t(2 * reps));
-  for (auto& e : ev) WNA16_CUDA_CHECK(cudaEventCreate(&e));
-  for (int r = 0; r < reps; ++r) {
-    WNA16_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], s));
-    enqueue();
-    WNA16_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], s));
-  }
-  WNA16_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> us(static_cast<size_t>(reps));
-  for (int r = 0; r < reps; ++r) {
-    float t = 0;
-    WNA16_CUDA_CHECK(cudaEventElapsedTime(&t, ev[size_t(2 * r)], ev[size_t(2 * r + 1)]));
-    us[size_t(r)] = double(t) * 1e3 / calls;
-  }
-  for (auto& e : ev) WNA16_CUDA_CHECK(cudaEventDestroy(e));
-  std::sort(us.begin(), us.end());
-  Timing t;
-  t.median_us = us[us.size() / 2];
-  t.p10_us = us[us.size() / 10];
-  t.p90_us = us[us.size() - 1 - us.size() / 10];
-  t.reps = reps;
-  t.calls = calls;
-  return t;
-}
 
 uint64_t name_seed(const std::string& s) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
@@ -666,7 +550,6 @@ AlignRow bench_align(Ctx& cx) {
   row.E = kAlignE;
   row.slots = kAlignSlots;
   row.block_m = kAlignBlockM;
-  row.source = "launch_align, CUDA graph of 8 launches over different topk_ids";
   constexpr int kInputs = 8;
   std::vector<int32_t> ids(size_t(kAlignSlots) * kInputs);
   uint64_t s = 0x1234567;
@@ -697,45 +580,9 @@ AlignRow bench_align(Ctx& cx) {
   if (sorted != ref.sorted_token_ids || eids != ref.expert_ids || ntp != ref.num_tokens_post_padded)
     throw Error("align check FAILED: launch_align differs from align_reference (E=256, 32768 slots, block_m=" +
                 std::to_string(kAlignBlockM) + ")");
-#ifdef WNA16_BENCH_HAVE_ALIGN_BENCH
   row.us = bench_align_us(kAlignE, kAlignSlots, kAlignBlockM);
   row.source = "bench_align_us (align_bench.h); output checked against align_reference";
   return row;
-#endif
-  GraphExec g;
-  std::string why;
-  auto enqueue = [&] {
-    for (int i = 0; i < kInputs; ++i) launch(i);
-  };
-  if (g.capture(cx.stream, enqueue, why)) {
-    row.us = time_calls(cx.stream, kInputs, cx.budget_s, [&] { g.launch(cx.stream); }).median_us;
-  } else {
-    row.us = time_calls(cx.stream, kInputs, cx.budget_s, enqueue).median_us;
-    row.source = "launch_align, eager (graph capture refused: " + why + ")";
-  }
-  return row;
-}
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char b[64];
-  std::strftime(b, sizeof b, "%Y-%m-%d %H:%M UTC", &tm);
-  return b;
-}
-
-// The commit: $WNA16_GIT_COMMIT (scripts/gpu-check sets it where the checkout has no .git), else git.
-std::string git_commit() {
-  if (const char* c = std::getenv("WNA16_GIT_COMMIT"); c && *c) return c;
-  std::string out;
-  if (FILE* p = popen("git rev-parse --short=12 HEAD 2>/dev/null", "r")) {
-    char b[128];
-    while (std::fgets(b, sizeof b, p)) out += b;
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out.empty() ? "unknown" : out;
 }
 
 // The WNA16_* variables of this process but WNA16_GIT_COMMIT (the A/B switches a table was
@@ -777,8 +624,8 @@ int run(const BenchOptions& opts) {
     if (M < 1) throw Error("bench: M=" + std::to_string(M) + " must be >= 1");
 
   Report rep;
-  rep.date = utc_now();
-  rep.commit = git_commit();
+  rep.date = ::wna16::bench::utc_now();
+  rep.commit = ::wna16::bench::git_commit();
   rep.switches = ab_switches();
   rep.scheme = opts.scheme.describe();
   rep.act = dtype_name(opts.act);
@@ -864,11 +711,22 @@ int run(const BenchOptions& opts) {
 
   if (!opts.json_path.empty()) write_json(rep, opts.json_path);
   if (!opts.csv_path.empty()) write_csv(rep, opts.csv_path);
+  std::string plot_note;
+  if (!opts.plot_path.empty()) {
+    const ::wna16::bench::PlotInput plot = plot_input(rep);
+    if (plot.presets.empty()) {
+      plot_note = "no preset was measured: " + opts.plot_path + " not written";
+    } else {
+      ::wna16::bench::write_svg(plot, opts.plot_path);
+      plot_note = opts.plot_path;
+    }
+  }
   print_table(rep);
   print_summary(rep);
   if (!opts.json_path.empty() || !opts.csv_path.empty())
     std::printf("results: %s%s%s\n", opts.json_path.c_str(), !opts.json_path.empty() && !opts.csv_path.empty() ? ", " : "",
                 opts.csv_path.c_str());
+  if (!plot_note.empty()) std::printf("plot: %s\n", plot_note.c_str());
   std::printf("%s\n", failed ? "FAILED" : "PASSED");
   std::fflush(stdout);
   return failed ? 1 : 0;

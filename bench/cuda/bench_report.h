@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/plot_svg.h"
+
 namespace wna16::cuda::bench {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -79,6 +81,14 @@ struct Derived {
   const char* bound = "?";
 };
 Derived derive(const CaseResult& c, const Ceilings& ceil);
+// The roofline floor of one case, microseconds: max(bytes / read ceiling, FLOPs / cuBLAS ceiling),
+// the time that "% ceil" divides by the measured one. NaN when a ceiling is unknown.
+double floor_us(const CaseResult& c, const Ceilings& ceil);
+
+// The --plot figure of a run (bench/plot_svg.h): per preset our layer, then the per-expert loop
+// and the cuBLAS baseline against M (NaN where a case failed), and floor_us per M. A preset
+// without any case is left out; a baseline without any measured M too.
+::wna16::bench::PlotInput plot_input(const Report& r);
 
 void print_table(const Report& r);
 // Returns the number of floors below target (informational; correctness decides the exit code).

@@ -1,6 +1,6 @@
 // Device helpers of the CUDA benchmark (see bench_kernels.h). Written for clarity: none of these is
 // timed as part of a layer, except the read stream and the GEMM, which define the ceilings.
-#include "bench_kernels.h"
+#include "bench/cuda/bench_kernels.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

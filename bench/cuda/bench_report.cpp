@@ -1,6 +1,7 @@
 // Table, JSON, CSV and floor summary of the CUDA benchmark (see bench_report.h).
-#include "bench_report.h"
+#include "bench/cuda/bench_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -73,6 +74,12 @@ const char* verdict(bool ok) { return ok ? "PASS" : "BELOW"; }
 
 }  // namespace
 
+double floor_us(const CaseResult& c, const Ceilings& ceil) {
+  const double t_bw = c.bytes / (ceil.read_gbs * 1e9);
+  const double t_tc = c.flops / (ceil.gemm_tflops * 1e12);
+  return finite(t_bw) && finite(t_tc) ? std::max(t_bw, t_tc) * 1e6 : kNaN;
+}
+
 Derived derive(const CaseResult& c, const Ceilings& ceil) {
   Derived d;
   const double t = c.ours.median_us * 1e-6;
@@ -82,11 +89,43 @@ Derived derive(const CaseResult& c, const Ceilings& ceil) {
   const double t_bw = c.bytes / (ceil.read_gbs * 1e9);
   const double t_tc = c.flops / (ceil.gemm_tflops * 1e12);
   d.bound = t_bw >= t_tc ? "memory" : "compute";
-  d.pct = std::max(t_bw, t_tc) / t * 100.0;  // the floor of the binding ceiling over the measured time
+  d.pct = floor_us(c, ceil) * 1e-6 / t * 100.0;  // the floor of the binding ceiling over the measured time
   d.pct_bw = d.gbs / ceil.read_gbs * 100.0;
   d.x_loop = c.loop.median_us / c.ours.median_us;
   d.x_cublas = c.cublas.median_us / c.ours.median_us;
   return d;
+}
+
+::wna16::bench::PlotInput plot_input(const Report& r) {
+  namespace plot = ::wna16::bench;
+  plot::PlotInput in;
+  in.title = "wna16 bench --device cuda: " + r.scheme + ", " + r.act;
+  in.provenance = r.date + ", " + r.ceil.gpu + ", commit " + r.commit;
+  if (!r.switches.empty() && r.switches != "none") in.provenance += ", " + r.switches;
+  in.ceilings = {"read " + num(r.ceil.read_gbs, "%.0f") + " GB/s",
+                 "cuBLAS bf16 " + num(r.ceil.gemm_tflops, "%.0f") + " TFLOP/s"};
+  for (const PresetInfo& p : r.presets) {
+    plot::PlotPreset pp;
+    pp.name = p.name;
+    pp.shape = p.shape;
+    plot::PlotSeries ours{"wna16", {}}, loop{"per-expert loop", {}}, cublas{"cuBLAS " + r.act + " GEMMs (dequantised)", {}};
+    bool any_loop = false, any_cublas = false;
+    for (const CaseResult& c : r.cases) {
+      if (c.preset != p.name) continue;
+      ours.points.push_back({c.M, c.ours.median_us});
+      loop.points.push_back({c.M, c.loop.median_us});
+      cublas.points.push_back({c.M, c.cublas.median_us});
+      any_loop = any_loop || finite(c.loop.median_us);
+      any_cublas = any_cublas || finite(c.cublas.median_us);
+      pp.floor.push_back({c.M, floor_us(c, r.ceil)});
+    }
+    if (ours.points.empty()) continue;
+    pp.series.push_back(std::move(ours));
+    if (any_loop) pp.series.push_back(std::move(loop));
+    if (any_cublas) pp.series.push_back(std::move(cublas));
+    in.presets.push_back(std::move(pp));
+  }
+  return in;
 }
 
 void print_table(const Report& r) {

@@ -1,7 +1,7 @@
 // The scalar per-expert baseline (see scalar_baseline.h). Deliberately plain: codes from unpack(),
 // each weight dequantised as it is used, fp32 accumulation, one thread. It rounds the SwiGLU
 // intermediate to the activation dtype exactly as the fast backend does.
-#include "cpu/scalar_baseline.h"
+#include "bench/cpu/scalar_baseline.h"
 
 #include <cmath>
 #include <vector>

@@ -1,5 +1,5 @@
 // Synthetic checkpoint tensors for the CUDA benchmark; see bench_weights.h for why not random_layer.
-#include "bench_weights.h"
+#include "bench/cuda/bench_weights.h"
 
 #include <algorithm>
 #include <atomic>

@@ -40,6 +40,7 @@
 #include "bench/plot_svg.h"
 #include "bench/provenance.h"
 #include "cuda/cuda_check.h"
+#include "cuda/dispatch.h"
 #include "wna16/backend.h"
 #include "wna16/cuda.h"
 #include "wna16/cuda_kernels.h"
@@ -627,6 +628,18 @@ int run(const BenchOptions& opts) {
   rep.date = ::wna16::bench::utc_now();
   rep.commit = ::wna16::bench::git_commit();
   rep.switches = ab_switches();
+  // --config: one kernel-table row for every call (a measurement of that row, not the product).
+  int forced = -1;
+  if (!opts.gemm_config.empty()) {
+    std::string names;
+    for (int c = 0; c < cuda::gemm_config_count(); ++c) {
+      if (opts.gemm_config == cuda::gemm_config_name(c)) forced = c;
+      names += std::string(names.empty() ? "" : ", ") + cuda::gemm_config_name(c);
+    }
+    if (forced < 0) throw Error("bench --config " + opts.gemm_config + ": no such kernel-table row (" + names + ")");
+    rep.switches = (rep.switches == "none" ? std::string() : rep.switches + " ") + "--config " + opts.gemm_config;
+  }
+  cuda::force_gemm_config(forced);
   rep.scheme = opts.scheme.describe();
   rep.act = dtype_name(opts.act);
   {
@@ -636,7 +649,8 @@ int run(const BenchOptions& opts) {
     rep.command = "wna16 bench --device cuda --model " + join(models, ",") + " --m " + join(mstr, ",") + " --format " +
                   format_name(s.format) + " --bits " + std::to_string(s.bits) + " --group-size " +
                   std::to_string(s.group_size) + (s.sym || s.format == Format::Awq ? "" : " --asym") +
-                  (s.act_order ? " --desc-act" : "") + " --dtype " + rep.act;
+                  (s.act_order ? " --desc-act" : "") + " --dtype " + rep.act +
+                  (opts.gemm_config.empty() ? "" : " --config " + opts.gemm_config);
   }
   rep.cublas_baseline_desc =
       std::string("cuBLAS ") + rep.act +

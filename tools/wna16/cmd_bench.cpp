@@ -14,7 +14,7 @@ namespace {
 
 struct BenchArgs {
   CommonOptions common;
-  std::string json, csv, plot;
+  std::string json, csv, plot, config;
   double min_seconds = 0;
 };
 
@@ -41,6 +41,9 @@ const CommandRegistrar reg([](CLI::App& root) {
   app->add_option("--plot", args->plot,
                   "draw time and % of the roofline against M per preset, with the baselines, as SVG (FILE.svg)");
   app->add_option("--min-seconds", args->min_seconds, "timed seconds per case (0 = backend default)");
+  app->add_option("--config", args->config,
+                  "CUDA, for measurements: run every call on this kernel-table row (m8, m32, m64, m144w) instead "
+                  "of the table's choice");
   app->callback([app, args] {
     const CommonOptions& c = args->common;
     BenchOptions o;
@@ -54,7 +57,11 @@ const CommandRegistrar reg([](CLI::App& root) {
     o.csv_path = args->csv;
     o.plot_path = args->plot;
     o.min_seconds = args->min_seconds;
-    const int rc = c.resolved_device() == Device::Cuda ? run_cuda_bench(o) : run_cpu_bench(o);
+    o.gemm_config = args->config;
+    const bool cuda = c.resolved_device() == Device::Cuda;
+    if (!cuda && !o.gemm_config.empty())
+      throw Error("bench --config " + o.gemm_config + ": kernel-table rows are the CUDA backend's (use --device cuda)");
+    const int rc = cuda ? run_cuda_bench(o) : run_cpu_bench(o);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 });

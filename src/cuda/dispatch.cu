@@ -15,8 +15,9 @@ namespace wna16::cuda {
 namespace {
 
 // ---- the kernel table --------------------------------------------------------------------------
-// Tokens per expert (expected under uniform routing) decide the row. Each row's bound is the
-// measurement that set it (H200, int4 g128, bf16, whole layer; docs/perf.md decisions log).
+// Tokens per routed expert (expected under uniform routing; the shared slices, which take every
+// token, do not count) decide the row. Each row's bound is the measurement that set it (H200, int4
+// g128 sym, bf16, whole layer, `wna16 bench --config ROW`; docs/perf.md decisions log).
 // Each row is chosen up to its bound of tokens per expert (inclusive), the first row whose bound
 // the call is within; one bound for plain GEMMs and for GEMMs that gather x through their own
 // act-order perm (a negative bound: never).
@@ -29,20 +30,26 @@ struct ConfigRow {
 };
 constexpr double kAny = 1e300, kNever = -1.0;
 constexpr ConfigRow kConfigs[] = {
-    // Decode kernel up to 40 tokens per expert: beyond 8 an expert's m-blocks stream the same
-    // weights and L2 shares them; measured faster than the staged m32 kernel (DeepSeek-V3 M=256
-    // 6380 -> 2684 us) and than a decode kernel with 16-token m-blocks. With its own act-order
-    // gather (the staged kernels' perm path) up to 8 (one m-block per expert).
-    {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, 40.0, 8.0},
+    // Decode kernel up to 20 tokens per expert: beyond 8 an expert's m-blocks stream the same
+    // weights and L2 shares them. Against m64 (2026-12-02, 8a57ee7, us m8 / m64): 16-17 per expert
+    // m8 faster (DeepSeek-V3 M=512 4130 / 4972, Mixtral M=64 487 / 666, Qwen3-30B-A3B M=256 228 /
+    // 325, Qwen1.5-MoE M=256 336 / 380); 24 level (DeepSeek-V2-Lite M=256 342 / 336); 32-34 m64
+    // faster (DeepSeek-V3 M=1024 7819 / 5650, Mixtral M=128 931 / 779, Qwen3 M=512 402 / 350,
+    // Qwen1.5 M=512 626 / 469). With its own act-order gather (the staged kernels' perm path) up
+    // to 8 (one m-block per expert).
+    {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, 20.0, 8.0},
     // Staged kernel, 32-token blocks: act-order layers that keep their own gather, 9-40 per expert.
     {"m32", gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N, true, false, kNever, 40.0},
-    // Staged kernel, 64-token blocks: 41-63 per expert, and every size of act-order with its own
-    // gather above 40. The wgmma kernel was slower at 48-52 per expert (Mixtral M=208 929 vs 1010
-    // us; Qwen3-30B-A3B M=768 391 vs 496; DeepSeek-V2-Lite M=512 431 vs 492).
+    // Staged kernel, 64-token blocks: 21-63 per expert, and every size of act-order with its own
+    // gather above 40. The wgmma kernel is slower there: at 32-34 per expert (2026-12-02, 8a57ee7,
+    // us m64 / m144w: DeepSeek-V3 M=1024 5650 / 7056, Mixtral M=128 779 / 911, Qwen3 M=512 350 /
+    // 450, Qwen1.5 M=512 469 / 519), at 48-52 (Mixtral M=208 929 / 1010; Qwen3 M=768 391 / 496;
+    // DeepSeek-V2-Lite M=512 431 / 492).
     {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, 64.0 - 1e-9, kAny},
     // Hopper wgmma prefill kernel (144-token blocks, bulk copies) from 64 per expert: faster or
-    // level at 64-72 (Mixtral M=256 1127 -> 1048 us; DeepSeek-V2-Lite M=768 657 -> 571; Qwen3
-    // M=1024 541 -> 537; Qwen1.5-MoE M=1024 655 -> 654). No act-order gather.
+    // level at 64-72 (us m64 / m144w: Mixtral M=256 1127 / 1048, 2026-12-02 again 1123 / 1052;
+    // DeepSeek-V2-Lite M=768 657 / 571; Qwen3 M=1024 541 / 537, again 537 / 536; Qwen1.5-MoE
+    // M=1024 655 / 654, again 795 / 653 at 68 routed per expert). No act-order gather.
     {"m144w", gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, kAny, kNever},
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
@@ -68,8 +75,8 @@ bool gemm_config_gathers(int config) { return row(config).gathers; }
 const char* gemm_config_name(int config) { return kConfigs[std::clamp(config, 0, kNumConfigs - 1)].name; }
 
 int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather) {
-  // Expected number of experts that receive a token under uniform routing, and tokens per such
-  // expert: the MMA's token width should match it (padding is wasted MMA work and registers).
+  // Expected number of routed experts that receive a token under uniform routing, and tokens per
+  // such expert: the MMA's token width should match it (padding is wasted MMA work and registers).
   const double p = std::min(1.0, double(topk) / double(E));
   const double active = std::max(1.0, double(E) * (1.0 - std::pow(1.0 - p, double(M))));
   const double per_expert = double(M) * double(topk) / active;
@@ -100,7 +107,7 @@ LayerPlan plan_layer_call(const LayerShape& s, int64_t M, DType act) {
   const DeviceGemm& g1 = *s.g1;
   p.gather = layer_gathers(s, M);
   const bool staged_gather = (g1.perm && !p.gather) || g1.perm_up;
-  p.config = choose_gemm_config(M, k2, s.E + s.S, staged_gather);
+  p.config = choose_gemm_config(M, s.k, s.E, staged_gather);
   if (g_forced_config >= 0) {
     if (staged_gather && !gemm_config_gathers(g_forced_config))
       throw Error(std::string("forced GEMM config ") + gemm_config_name(g_forced_config) +

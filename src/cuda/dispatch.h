@@ -23,8 +23,9 @@ bool gemm_config_takes_kperm(int config);
 // Whether the config's kernel can gather x through a perm (GemmRun / DeviceGemm::perm).
 bool gemm_config_gathers(int config);
 const char* gemm_config_name(int config);
-// The tile config for M tokens routed to E experts with topk slots each. staged_gather: the GEMM
-// gathers x through its own perm (the configs without that gather are never chosen then).
+// The tile config for M tokens routed to E routed experts with topk choices each (shared slices
+// not counted). staged_gather: the GEMM gathers x through its own perm (the configs without that
+// gather are never chosen then).
 int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather);
 // Measurement hook of the benchmarks (`wna16 bench --config NAME`, the timing smoke), never set by
 // the library itself: every layer call runs this row instead of the table's choice, where the row

@@ -507,22 +507,25 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
   }
 }
 
-// The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 40 without
+// The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 20 without
 // act-order (several m-blocks per expert beyond 8), the staged m32 kernel for act-order with its own
-// gather there, m64 between 40 and 64 and for that act-order above, m144w from 64 without it.
-TEST(MoeGemm, ChoosesDecodeUpTo40TokensPerExpert) {
+// gather up to 40, m64 from 21 (that act-order: from 41) and below 64, m144w from 64 without it.
+TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
   const int m8 = config_named("m8"), m32 = config_named("m32"), m64 = config_named("m64"),
             m144w = config_named("m144w");
   EXPECT_EQ(choose_gemm_config(1, 2, 8, false), m8);
   EXPECT_EQ(choose_gemm_config(64, 2, 8, false), m8);    // Mixtral: 16 per expert
-  EXPECT_EQ(choose_gemm_config(1024, 8, 256, false), m8);  // DeepSeek-V3: 32 per expert
+  EXPECT_EQ(choose_gemm_config(512, 8, 256, false), m8);   // DeepSeek-V3: 16 per expert
+  EXPECT_EQ(choose_gemm_config(1024, 8, 256, false), m64);  // DeepSeek-V3: 32 per expert
   EXPECT_EQ(choose_gemm_config(64, 2, 8, true), m32);
   EXPECT_NE(choose_gemm_config(256, 2, 8, false), m8);   // Mixtral: 64 per expert
   // E = 1, top-1: tokens per expert = M.
   for (bool gather : {false, true}) {
     EXPECT_EQ(choose_gemm_config(8, 1, 1, gather), m8);
     EXPECT_EQ(choose_gemm_config(9, 1, 1, gather), gather ? m32 : m8);
-    EXPECT_EQ(choose_gemm_config(40, 1, 1, gather), gather ? m32 : m8);
+    EXPECT_EQ(choose_gemm_config(20, 1, 1, gather), gather ? m32 : m8);
+    EXPECT_EQ(choose_gemm_config(21, 1, 1, gather), gather ? m32 : m64);
+    EXPECT_EQ(choose_gemm_config(40, 1, 1, gather), gather ? m32 : m64);
     EXPECT_EQ(choose_gemm_config(41, 1, 1, gather), m64);
     EXPECT_EQ(choose_gemm_config(63, 1, 1, gather), m64);
     EXPECT_EQ(choose_gemm_config(64, 1, 1, gather), gather ? m64 : m144w);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "bench/cuda/device_timing.h"
 #include "cuda/cuda_check.h"
 #include "wna16/error.h"
 
@@ -136,22 +137,7 @@ template <class F>
 std::vector<double> time_runs(int reps, cudaStream_t s, F body) {
   body();
   WNA16_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<cudaEvent_t> ev(size_t(2 * reps));
-  for (auto& e : ev) WNA16_CUDA_CHECK(cudaEventCreate(&e));
-  for (int r = 0; r < reps; ++r) {
-    WNA16_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], s));
-    body();
-    WNA16_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], s));
-  }
-  WNA16_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> ms(static_cast<size_t>(reps));
-  for (int r = 0; r < reps; ++r) {
-    float t = 0;
-    WNA16_CUDA_CHECK(cudaEventElapsedTime(&t, ev[size_t(2 * r)], ev[size_t(2 * r + 1)]));
-    ms[size_t(r)] = t;
-  }
-  for (auto& e : ev) WNA16_CUDA_CHECK(cudaEventDestroy(e));
-  return ms;
+  return event_times_ms(s, reps, body);
 }
 
 }  // namespace

@@ -30,6 +30,25 @@ bool GraphExec::capture(cudaStream_t s, const std::function<void()>& body, std::
   return true;
 }
 
+std::vector<double> event_times_ms(cudaStream_t s, int reps, const std::function<void()>& body) {
+  std::vector<cudaEvent_t> ev(size_t(2 * reps));
+  for (auto& e : ev) WNA16_CUDA_CHECK(cudaEventCreate(&e));
+  for (int r = 0; r < reps; ++r) {
+    WNA16_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], s));
+    body();
+    WNA16_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], s));
+  }
+  WNA16_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> ms(static_cast<size_t>(reps));
+  for (int r = 0; r < reps; ++r) {
+    float t = 0;
+    WNA16_CUDA_CHECK(cudaEventElapsedTime(&t, ev[size_t(2 * r)], ev[size_t(2 * r + 1)]));
+    ms[size_t(r)] = t;
+  }
+  for (auto& e : ev) WNA16_CUDA_CHECK(cudaEventDestroy(e));
+  return ms;
+}
+
 Timing time_calls(cudaStream_t s, int calls, double budget_s, const std::function<void()>& enqueue) {
   enqueue();
   WNA16_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -46,21 +65,8 @@ Timing time_calls(cudaStream_t s, int calls, double budget_s, const std::functio
   WNA16_CUDA_CHECK(cudaEventDestroy(b));
   const int reps = int(std::clamp(budget_s * 1e3 / std::max(double(first_ms), 1e-3), 3.0, 200.0));
 
-  std::vector<cudaEvent_t> ev(size_t(2 * reps));
-  for (auto& e : ev) WNA16_CUDA_CHECK(cudaEventCreate(&e));
-  for (int r = 0; r < reps; ++r) {
-    WNA16_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], s));
-    enqueue();
-    WNA16_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], s));
-  }
-  WNA16_CUDA_CHECK(cudaStreamSynchronize(s));
-  std::vector<double> us(static_cast<size_t>(reps));
-  for (int r = 0; r < reps; ++r) {
-    float t = 0;
-    WNA16_CUDA_CHECK(cudaEventElapsedTime(&t, ev[size_t(2 * r)], ev[size_t(2 * r + 1)]));
-    us[size_t(r)] = double(t) * 1e3 / calls;
-  }
-  for (auto& e : ev) WNA16_CUDA_CHECK(cudaEventDestroy(e));
+  std::vector<double> us = event_times_ms(s, reps, enqueue);
+  for (double& v : us) v *= 1e3 / calls;
   std::sort(us.begin(), us.end());
   Timing t;
   t.median_us = us[us.size() / 2];

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "bench/cuda/bench_report.h"
 #include "cuda/cuda_check.h"
@@ -62,6 +63,10 @@ class GraphExec {
  private:
   cudaGraphExec_t exec_ = nullptr;
 };
+
+// Milliseconds of each of `reps` back-to-back runs of `body` on stream s, from events around each
+// run (no warm-up: the caller's).
+std::vector<double> event_times_ms(cudaStream_t s, int reps, const std::function<void()>& body);
 
 // Median / p10 / p90 of per-call microseconds over replays of `enqueue`, each of which performs
 // `calls` layer calls. One warm-up replay (graph upload, lazy loading, cuBLAS heuristics), one to

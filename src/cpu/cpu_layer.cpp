@@ -30,6 +30,7 @@
 #include "cpu/act_io.h"
 #include "cpu/align.h"
 #include "cpu/thread_pool.h"
+#include "common/knobs.h"
 #include "cpu/xprep.h"
 #include "wna16/error.h"
 #include "wna16/reference.h"
@@ -63,10 +64,7 @@ inline float silu(float v) { return v / (1.f + std::exp(-v)); }
 
 // WNA16_CPU_TRACE=1 prints each phase's wall time per forward chunk to stderr (for tuning).
 struct PhaseTrace {
-  bool on = [] {
-    const char* e = std::getenv("WNA16_CPU_TRACE");
-    return e && *e && *e != '0';
-  }();
+  bool on = knobs::cpu_trace();
   std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
   std::string line;
   void mark(const char* phase) {

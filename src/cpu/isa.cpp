@@ -6,6 +6,7 @@
 #include <cpuid.h>
 #endif
 
+#include "common/knobs.h"
 #include "wna16/error.h"
 
 namespace wna16::cpu {
@@ -79,10 +80,9 @@ std::vector<Isa> supported_isas() {
 }
 
 Isa default_isa() {
-  if (const char* env = std::getenv("WNA16_CPU_ISA"); env && *env) {
+  if (const std::string env = knobs::cpu_isa(); !env.empty()) {
     const Isa want = parse_isa(env);
-    if (!isa_supported(want))
-      throw Error(std::string("WNA16_CPU_ISA=") + env + " is not supported by this CPU");
+    if (!isa_supported(want)) throw Error("WNA16_CPU_ISA=" + env + " is not supported by this CPU");
     return want;
   }
   return supported_isas().back();

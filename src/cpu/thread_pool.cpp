@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/knobs.h"
 #include "wna16/error.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -19,17 +20,8 @@
 namespace wna16::cpu {
 
 namespace {
-constexpr int kMaxThreads = 4096;
 int default_threads() {
-  if (const char* env = std::getenv("WNA16_CPU_THREADS"); env && *env) {
-    // A whole number in [1, kMaxThreads], nothing else: a typo must not silently pick a size.
-    const std::string v = env;
-    const bool digits = v.size() <= 4 && v.find_first_not_of("0123456789") == std::string::npos;
-    const int n = digits ? std::stoi(v) : 0;
-    if (n < 1 || n > kMaxThreads)
-      throw Error("WNA16_CPU_THREADS=" + v + " is not a thread count from 1 to " + std::to_string(kMaxThreads));
-    return n;
-  }
+  if (const int n = knobs::cpu_threads(); n > 0) return n;
   const unsigned hc = std::thread::hardware_concurrency();
   return hc == 0 ? 1 : int(hc);
 }

@@ -35,6 +35,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/knobs.h"
 #include "cuda/cuda_check.h"
 #include "cuda/dispatch.h"
 #include "cuda/moe_gemm.h"
@@ -87,17 +88,14 @@ int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 // WNA16_CUDA_DEBUG_SYNC=1: synchronise after every stage of forward() and name the stage that
 // failed (a debugging aid; it breaks graph capture, so it is off by default).
 bool debug_sync() {
-  static const bool on = std::getenv("WNA16_CUDA_DEBUG_SYNC") != nullptr;
+  static const bool on = knobs::cuda_debug_sync();
   return on;
 }
 // WNA16_DIAG_STAGES=N (a timing diagnostic, never for results): forward() launches only its first
 // N stages (1 router logits, 2 routing, 3 align, 4 GEMM1, 5 GEMM2, 6 the cast) and leaves the output
 // unwritten, so a benchmark of N and N-1 stages times what stage N adds on the critical path.
 bool diag_skip(int stage) {
-  static const int stages = [] {
-    const char* v = std::getenv("WNA16_DIAG_STAGES");
-    return v ? std::atoi(v) : 6;
-  }();
+  static const int stages = knobs::diag_stages();
   return stage > stages;
 }
 

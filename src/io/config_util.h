@@ -80,6 +80,34 @@ class Obj {
     for (const auto& e : *v) out.push_back(as_int(key, e, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
     return out;
   }
+  // Several spellings of one field (`keys`, the canonical one first). pick() returns the spelling
+  // present, or the canonical one when none is (so the opt_* accessors give their default); two
+  // spellings holding different values are refused with both keys and values named.
+  std::string pick(const std::vector<std::string>& keys) const {
+    std::string found;
+    for (const auto& k : keys) {
+      const J* v = get(k);
+      if (!v) continue;
+      if (found.empty()) {
+        found = k;
+      } else if (*v != *get(found)) {
+        throw Error(where(found) + " = " + value_str(*get(found)) + " and " + path_ + k + " = " + value_str(*v) +
+                    " disagree (two spellings of one field)");
+      }
+    }
+    return found.empty() ? keys.at(0) : found;
+  }
+  // "num_experts (or num_local_experts)": a field named with its accepted spellings.
+  static std::string spellings(const std::vector<std::string>& keys) {
+    std::string s = keys.at(0);
+    for (size_t i = 1; i < keys.size(); ++i) s += (i == 1 ? " (or " : " or ") + keys[i];
+    return keys.size() > 1 ? s + ")" : s;
+  }
+  int64_t req_int_any(const std::vector<std::string>& keys, int64_t lo, int64_t hi) const {
+    const std::string k = pick(keys);
+    if (!has(k)) throw Error(origin_ + ": " + path_ + spellings(keys) + " is missing");
+    return req_int(k, lo, hi);
+  }
   std::vector<std::string> opt_str_list(const std::string& key) const {
     std::vector<std::string> out;
     const J* v = get(key);

@@ -1,4 +1,5 @@
-// config.json -> ModelConfig for the five supported MoE architectures (keys: formats.md).
+// config.json -> ModelConfig for the five supported MoE architectures (keys: formats.md; accepted
+// spellings of a key: the alias table below and docs/checkpoints.md).
 #include <algorithm>
 
 #include "io/config_util.h"
@@ -20,6 +21,40 @@ constexpr ArchRow kArchs[] = {
     {Arch::DeepseekV2, "deepseek_v2"},
     {Arch::DeepseekV3, "deepseek_v3"},
 };
+
+// Alternative spellings of config.json keys, per architecture: the one place they are resolved.
+// The canonical key is the one transformers 4.x and the model's original repository write; an
+// alternative is accepted when a config class maps it onto that field. Each row names its source.
+// Checked and found to need no row: Qwen2MoeConfig (transformers 4.x and 5.x: no attribute_map),
+// DeepSeek's own configuration_deepseek.py (writes the canonical keys), and top_k /
+// num_experts_per_token / num_shared_experts / a renamed expert width, which none of the five
+// families' config classes declares.
+struct KeyAlias {
+  Arch arch;
+  const char* canonical;
+  const char* alternative;
+};
+constexpr KeyAlias kKeyAliases[] = {
+    // transformers 5 MixtralConfig.attribute_map {"num_experts": "num_local_experts"}
+    {Arch::Mixtral, "num_local_experts", "num_experts"},
+    // transformers 5 Qwen3MoeConfig.attribute_map {"num_experts": "num_local_experts"}: 4.x writes
+    // num_experts, 5.x saves num_local_experts
+    {Arch::Qwen3Moe, "num_experts", "num_local_experts"},
+    // transformers 5 DeepseekV2Config.attribute_map {"num_experts": "n_routed_experts"}
+    {Arch::DeepseekV2, "n_routed_experts", "num_experts"},
+    // transformers 5 DeepseekV3Config.attribute_map {"num_local_experts": "n_routed_experts",
+    // "num_mtp_layers": "num_nextn_predict_layers"}
+    {Arch::DeepseekV3, "n_routed_experts", "num_local_experts"},
+    {Arch::DeepseekV3, "num_nextn_predict_layers", "num_mtp_layers"},
+};
+
+// Every spelling of `canonical` accepted for `a`, the canonical one first.
+std::vector<std::string> key_spellings(Arch a, const char* canonical) {
+  std::vector<std::string> keys{canonical};
+  for (const auto& r : kKeyAliases)
+    if (r.arch == a && std::string(r.canonical) == canonical) keys.push_back(r.alternative);
+  return keys;
+}
 
 // Bound on any width read from a config, so a hostile file cannot ask for absurd allocations.
 constexpr int64_t kMaxDim = int64_t(1) << 20;
@@ -69,47 +104,52 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   } catch (const Error& e) {
     throw Error(origin + ": " + e.what());
   }
-  c.hidden = o.req_int("hidden_size", 1, kMaxDim);
-  c.num_layers = o.req_int("num_hidden_layers", 1, 1 << 16);
+  // Every key is read through the alias table: K gives its spellings for this architecture, P the
+  // spelling present (refusing two that disagree).
+  auto K = [&](const char* canonical) { return key_spellings(c.arch, canonical); };
+  auto P = [&](const char* canonical) { return o.pick(K(canonical)); };
+  c.hidden = o.req_int_any(K("hidden_size"), 1, kMaxDim);
+  c.num_layers = o.req_int_any(K("num_hidden_layers"), 1, 1 << 16);
   switch (c.arch) {
     case Arch::Mixtral:
-      c.dense_inter = o.req_int("intermediate_size", 1, kMaxDim);
+      c.dense_inter = o.req_int_any(K("intermediate_size"), 1, kMaxDim);
       c.moe_inter = c.dense_inter;
-      c.num_experts = int(o.req_int("num_local_experts", 1, 1 << 20));
-      c.top_k = int(o.req_int("num_experts_per_tok", 1, 1 << 20));
+      c.num_experts = int(o.req_int_any(K("num_local_experts"), 1, 1 << 20));
+      c.top_k = int(o.req_int_any(K("num_experts_per_tok"), 1, 1 << 20));
       c.norm_topk_prob = true;  // Mixtral always renormalises the top-k softmax weights
       break;
     case Arch::Qwen2Moe:
     case Arch::Qwen3Moe:
-      c.dense_inter = o.opt_int("intermediate_size", 0, 0, kMaxDim);
-      c.moe_inter = o.req_int("moe_intermediate_size", 1, kMaxDim);
-      c.num_experts = int(o.req_int("num_experts", 1, 1 << 20));
-      c.top_k = int(o.req_int("num_experts_per_tok", 1, 1 << 20));
-      c.norm_topk_prob = o.opt_bool("norm_topk_prob", false);  // transformers' default for both
-      c.decoder_sparse_step = int(o.opt_int("decoder_sparse_step", 1, 1, 1 << 20));
-      c.mlp_only_layers = o.opt_int_list("mlp_only_layers");
-      if (c.arch == Arch::Qwen2Moe) c.shared_expert_inter = o.req_int("shared_expert_intermediate_size", 0, kMaxDim);
+      c.dense_inter = o.opt_int(P("intermediate_size"), 0, 0, kMaxDim);
+      c.moe_inter = o.req_int_any(K("moe_intermediate_size"), 1, kMaxDim);
+      c.num_experts = int(o.req_int_any(K("num_experts"), 1, 1 << 20));
+      c.top_k = int(o.req_int_any(K("num_experts_per_tok"), 1, 1 << 20));
+      c.norm_topk_prob = o.opt_bool(P("norm_topk_prob"), false);  // transformers' default for both
+      c.decoder_sparse_step = int(o.opt_int(P("decoder_sparse_step"), 1, 1, 1 << 20));
+      c.mlp_only_layers = o.opt_int_list(P("mlp_only_layers"));
+      if (c.arch == Arch::Qwen2Moe)
+        c.shared_expert_inter = o.req_int_any(K("shared_expert_intermediate_size"), 0, kMaxDim);
       break;
     case Arch::DeepseekV2:
     case Arch::DeepseekV3: {
       const bool v3 = c.arch == Arch::DeepseekV3;
-      c.dense_inter = o.opt_int("intermediate_size", 0, 0, kMaxDim);
-      c.moe_inter = o.req_int("moe_intermediate_size", 1, kMaxDim);
-      c.num_experts = int(o.req_int("n_routed_experts", 1, 1 << 20));
-      c.top_k = int(o.req_int("num_experts_per_tok", 1, 1 << 20));
-      c.n_shared_experts = int(o.opt_int("n_shared_experts", 0, 0, 1 << 20));
-      c.topk_method = o.opt_str("topk_method", v3 ? "noaux_tc" : "greedy");
+      c.dense_inter = o.opt_int(P("intermediate_size"), 0, 0, kMaxDim);
+      c.moe_inter = o.req_int_any(K("moe_intermediate_size"), 1, kMaxDim);
+      c.num_experts = int(o.req_int_any(K("n_routed_experts"), 1, 1 << 20));
+      c.top_k = int(o.req_int_any(K("num_experts_per_tok"), 1, 1 << 20));
+      c.n_shared_experts = int(o.opt_int(P("n_shared_experts"), 0, 0, 1 << 20));
+      c.topk_method = o.opt_str(P("topk_method"), v3 ? "noaux_tc" : "greedy");
       // NOTE: DeepSeek's own configuration_deepseek.py defaults to the misspelt "gready".
       if (c.topk_method == "gready") c.topk_method = "greedy";
-      c.scoring_func = o.opt_str("scoring_func", v3 ? "sigmoid" : "softmax");
-      c.routed_scaling_factor = o.opt_double("routed_scaling_factor", v3 ? 2.5 : 1.0);
-      c.norm_topk_prob = o.opt_bool("norm_topk_prob", v3);
-      c.first_k_dense_replace = o.opt_int("first_k_dense_replace", v3 ? 3 : 0, 0, 1 << 16);
-      c.moe_layer_freq = o.opt_int("moe_layer_freq", 1, 1, 1 << 16);
-      if (v3) c.num_nextn_predict_layers = o.opt_int("num_nextn_predict_layers", 0, 0, 16);
+      c.scoring_func = o.opt_str(P("scoring_func"), v3 ? "sigmoid" : "softmax");
+      c.routed_scaling_factor = o.opt_double(P("routed_scaling_factor"), v3 ? 2.5 : 1.0);
+      c.norm_topk_prob = o.opt_bool(P("norm_topk_prob"), v3);
+      c.first_k_dense_replace = o.opt_int(P("first_k_dense_replace"), v3 ? 3 : 0, 0, 1 << 16);
+      c.moe_layer_freq = o.opt_int(P("moe_layer_freq"), 1, 1, 1 << 16);
+      if (v3) c.num_nextn_predict_layers = o.opt_int(P("num_nextn_predict_layers"), 0, 0, 16);
       const bool grouped = c.topk_method == "group_limited_greedy" || c.topk_method == "noaux_tc";
-      c.n_group = int(o.opt_int("n_group", grouped && v3 ? 8 : 1, 1, 1 << 20));
-      c.topk_group = int(o.opt_int("topk_group", grouped && v3 ? 4 : 1, 1, 1 << 20));
+      c.n_group = int(o.opt_int(P("n_group"), grouped && v3 ? 8 : 1, 1, 1 << 20));
+      c.topk_group = int(o.opt_int(P("topk_group"), grouped && v3 ? 4 : 1, 1, 1 << 20));
       if (!v3) {
         if (c.topk_method != "greedy" && c.topk_method != "group_limited_greedy")
           throw Error(origin + ": topk_method " + io::quoted(c.topk_method) +

@@ -7,8 +7,8 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "wna16/half.h"
@@ -71,12 +71,38 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
 
 enum class QuantMethod { None, Gptq, Awq };
 
+// A module-name pattern from a checkpoint's config (a Python `re` regular expression), compiled by
+// an engine that matches in time linear in the name and the pattern, without backtracking, so an
+// untrusted config can neither crash nor hang the loader (the engine stays out of this header).
+// Python syntax without a linear-time equivalent is refused with a message naming the pattern:
+// backreferences (\1, (?P=name)), lookahead and lookbehind, atomic groups, possessive repeats.
+// Counted repetitions are bounded (at most 1000, nested ones multiplied). Copies share one compiled
+// automaton; matching is const and safe from several threads.
+class ModulePattern {
+ public:
+  static constexpr size_t kMaxLength = 1000;  // longest pattern accepted, in bytes
+
+  ModulePattern() = default;  // matches nothing
+  // Compiles `regex` (Python `re` syntax). Throws Error starting with `where` (the file and key the
+  // pattern came from) and naming the construct or limit that refused it.
+  static ModulePattern compile(std::string_view regex, const std::string& where);
+
+  // Python re.match(regex, module) is not None: a match anchored at the start of `module`, free to
+  // end anywhere. Linear time in module.size().
+  bool matches(std::string_view module) const;
+  const std::string& source() const;  // the pattern as given to compile()
+
+ private:
+  struct Impl;
+  std::shared_ptr<const Impl> impl_;
+};
+
 // One GPTQModel `dynamic` entry: regex (Python re.match: anchored at the start of the module name)
 // -> overrides. "-:" prefix: matching modules are not quantized; "+:" or no prefix: overrides apply.
 struct DynamicRule {
   std::string pattern;  // as written in the file, prefix included
   bool negative = false;
-  std::shared_ptr<const std::regex> re;
+  ModulePattern re;     // the pattern without its prefix, compiled
   std::optional<int> bits, group_size;
   std::optional<bool> desc_act, sym;
 };

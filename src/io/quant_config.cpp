@@ -1,14 +1,7 @@
 // Quantization configs: config.json's quantization_config, AutoGPTQ/GPTQModel quantize_config.json
 // and old AutoAWQ quant_config.json, with every key variant and GPTQModel `dynamic` overrides.
-// NOTE: GCC 12 at -O2 with ASan reports -Wmaybe-uninitialized inside libstdc++'s std::regex
-// compiler (std::function members of its NFA states): a false positive in system code that
-// -Werror would turn into a build failure. Silenced for this file only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #include <algorithm>
 #include <cctype>
-#include <regex>
 
 #include "io/config_util.h"
 #include "wna16/checkpoint.h"
@@ -34,51 +27,6 @@ void check_bits(int64_t bits, QuantMethod m, const std::string& where) {
 
 void check_group(int64_t g, const std::string& where) {
   if (g == 0 || g < -1) throw Error(where + " = " + std::to_string(g) + " is not a valid group size (> 0, or -1 for one group)");
-}
-
-// Longest regex accepted in `dynamic`; real rules are a few dozen characters.
-constexpr size_t kMaxPattern = 1000;
-
-// libstdc++'s std::regex expands counted repetitions into automaton states, so "a{1000}{1000}"
-// would allocate millions. Bound the product of every {n} / {n,m} count (an over-estimate of the
-// expansion) to keep a hostile config cheap; real rules use none.
-bool repetition_too_large(const std::string& re) {
-  double product = 1;
-  for (size_t i = 0; i < re.size(); ++i) {
-    if (re[i] == '\\') {
-      ++i;
-      continue;
-    }
-    if (re[i] != '{') continue;
-    double biggest = 0, cur = 0;
-    bool digits = false;
-    size_t k = i + 1;
-    for (; k < re.size() && (std::isdigit(static_cast<unsigned char>(re[k])) || re[k] == ','); ++k) {
-      if (re[k] == ',') {
-        biggest = std::max(biggest, cur);
-        cur = 0;
-      } else {
-        cur = std::min(cur * 10 + (re[k] - '0'), 1e9);
-        digits = true;
-      }
-    }
-    biggest = std::max(biggest, cur);
-    if (digits && k < re.size() && re[k] == '}') product *= std::max(biggest, 1.0);
-    if (product > 10000) return true;
-  }
-  return false;
-}
-
-// A backslash before a digit is a backreference (or, in ECMAScript, \0); module-name rules never
-// need one, and libstdc++ parses its number without an overflow check (UBSan found
-// "\66666666666666666666" overflowing a long inside std::regex's compiler). Refused instead.
-bool has_backreference(const std::string& re) {
-  for (size_t i = 0; i + 1 < re.size(); ++i) {
-    if (re[i] != '\\') continue;
-    if (std::isdigit(static_cast<unsigned char>(re[i + 1]))) return true;
-    ++i;  // skip the escaped character
-  }
-  return false;
 }
 
 }  // namespace
@@ -153,16 +101,8 @@ QuantConfig parse_quant_config(const std::string& text, const std::string& origi
           re = re.substr(2);
         }
         const std::string where = o.where("dynamic") + "[" + io::quoted(r.pattern) + "]";
-        if (re.size() > kMaxPattern) throw Error(where + ": pattern longer than " + std::to_string(kMaxPattern) + " characters");
-        if (has_backreference(re))
-          throw Error(where + ": backreferences (a backslash before a digit) are not supported in dynamic patterns");
-        if (repetition_too_large(re))
-          throw Error(where + ": counted repetitions ({n}) expand to more than 10000 states");
-        try {
-          r.re = std::make_shared<const std::regex>(re, std::regex::ECMAScript);
-        } catch (const std::regex_error& e) {
-          throw Error(where + ": not a regular expression wna16 can compile (ECMAScript syntax): " + e.what());
-        }
+        // Python re syntax, linear-time matching; refusals name the pattern (where) and the construct.
+        r.re = ModulePattern::compile(re, where);
         if (!it.value().is_object()) throw Error(where + " is not an object of overrides");
         io::Obj ov(it.value(), origin, path + "dynamic[" + io::quoted(r.pattern) + "].");
         if (auto b = ov.maybe_int("bits", -1000000, 1000000)) {
@@ -200,7 +140,7 @@ std::optional<QuantScheme> QuantConfig::scheme_for(const std::string& module) co
     if (!m.empty() && module.find(m) != std::string::npos) return std::nullopt;
   QuantScheme s = scheme;
   for (const auto& r : dynamic) {
-    if (!std::regex_search(module, *r.re, std::regex_constants::match_continuous)) continue;
+    if (!r.re.matches(module)) continue;
     if (r.negative) return std::nullopt;
     if (r.bits) s.bits = *r.bits;
     if (r.group_size) s.group_size = *r.group_size;

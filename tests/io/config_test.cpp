@@ -2,6 +2,9 @@
 // rules, routing mapping, every key variant and every refusal (with its message).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+
 #include "wna16/checkpoint.h"
 #include "wna16/error.h"
 
@@ -231,6 +234,101 @@ TEST(QuantConfig, Refusals) {
   // Found by the config fuzzer: libstdc++'s regex compiler overflows on a huge backreference number.
   has(quant_error(R"({"quant_method":"gptq","bits":4,"group_size":128,"dynamic":{"-:a\\66666666666666666666":{}}})"),
       "backreferences");
+}
+
+// Found by the config fuzzer (scripts/fuzz 900 on 3866c77; tests/data/fuzz/config/
+// regress_regex_repeat_count_overflow.json): a `dynamic` key with "{7777...5554" and no closing
+// brace overflowed a long inside libstdc++'s std::regex compiler (UBSan). RE2 reads the unclosed
+// brace as literal text, as Python re does; the rule's value (64) is then refused, naming the pattern.
+TEST(QuantConfig, RegexRepeatCountOverflowInput) {
+  const std::string input = R"({"quant_meth/ot":"gptq","bits":4,"group_size":835,"dynamic":{"-]j.*\\.shared_expk,z,,,,,,{77777777777777777555555545554":64,"moe_intermediate_size":64,
+"shared_expert_intermediate_size":65,"numYexpe777777at[":{"desc_ac!":true}}})";
+  EXPECT_NE(quant_error(input).find("quant_method is missing"), std::string::npos) << quant_error(input);
+  const std::string msg = quant_error(input, "quantize_config.json");
+  EXPECT_NE(msg.find("shared_expk,z,,,,,,{77777777777777777555555545554\"] is not an object of overrides"), std::string::npos) << msg;
+  // With overrides, the same pattern (no "-:" prefix: a positive rule) compiles and matches its
+  // braces literally, from the start.
+  auto q = qc(R"({"quant_method":"gptq","bits":4,"group_size":128,
+    "dynamic":{"-]j.*\\.shared_expk,z,,,,,,{77777777777777777555555545554":{"bits":8}}})");
+  EXPECT_EQ(q.scheme_for("-]jx.y.shared_expk,z,,,,,,{77777777777777777555555545554.up_proj")->bits, 8);
+  EXPECT_EQ(q.scheme_for("-]jx.y.shared_expk,z,,,,,,{7777777777777777755555554555").value().bits, 4);
+  EXPECT_EQ(q.scheme_for("model.-]jx.y.shared_expk,z,,,,,,{77777777777777777555555545554").value().bits, 4);
+}
+
+// A pattern that makes a backtracking engine take exponential time on a long name runs in linear
+// time: RE2 builds an automaton and never backtracks.
+TEST(QuantConfig, DynamicMatchingIsLinearTime) {
+  auto q = qc(R"({"quant_method":"gptq","bits":4,"group_size":128,"dynamic":{"(.*)*x":{"bits":8}}})");
+  for (const char last : {'a', 'x'}) {
+    std::string name(10000, 'a');
+    name.back() = last;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto s = q.scheme_for(name);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("(.*)*x against a 10,000-character name ending in '%c': %.3f ms\n", last, ms);
+    EXPECT_LT(ms, 10.0);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->bits, last == 'x' ? 8 : 4);
+  }
+}
+
+ModulePattern pat(const std::string& re) { return ModulePattern::compile(re, "rule " + re); }
+
+std::string pattern_error(const std::string& re) {
+  try {
+    pat(re);
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+// Python re.match semantics: anchored at the start only, Python spellings RE2 reads differently
+// rewritten, constructs without linear-time matching refused naming the pattern and the construct.
+TEST(ModulePattern, PythonReMatch) {
+  EXPECT_FALSE(ModulePattern().matches("anything"));
+  EXPECT_EQ(pat("model").source(), "model");
+  EXPECT_TRUE(pat("model").matches("model.layers.0.mlp"));  // free to end anywhere
+  EXPECT_FALSE(pat("experts").matches("model.layers.0.mlp.experts.0.up_proj"));  // anchored at 0
+  EXPECT_TRUE(pat(R"(.*\.experts\.\d+\.(gate|up)_proj$)").matches("model.layers.1.mlp.experts.12.up_proj"));
+  EXPECT_FALSE(pat(R"(.*\.experts\.\d+\.(gate|up)_proj$)").matches("model.layers.1.mlp.experts.12.down_proj"));
+  EXPECT_TRUE(pat(R"((?P<layer>model\.layers\.[0-9]+)\..*)").matches("model.layers.7.mlp"));
+  EXPECT_TRUE(pat("(?i)MODEL").matches("model.x"));
+  // \Z is Python's end of string (RE2 spells it \z).
+  EXPECT_TRUE(pat(R"(.*experts\.0\Z)").matches("model.experts.0"));
+  EXPECT_FALSE(pat(R"(.*experts\.0\Z)").matches("model.experts.0.up_proj"));
+  // {,n} is Python's {0,n} (RE2 alone would read the braces literally).
+  EXPECT_TRUE(pat("a{,2}b").matches("aab"));
+  EXPECT_TRUE(pat("a{,2}b").matches("b"));
+  EXPECT_FALSE(pat("a{,2}b").matches("aaab"));
+  EXPECT_FALSE(pat("a{,2}b").matches("a{,2}b"));
+  EXPECT_TRUE(pat("[{,2}]").matches(","));  // inside a class, literal
+  EXPECT_TRUE(pat(R"(\101)").matches("A"));  // three octal digits: a character in both
+  EXPECT_TRUE(pat("a{").matches("a{"));       // an unclosed brace is literal, as in Python
+  EXPECT_TRUE(pat("[(?=]x").matches("=x"));   // "(?=" inside a class is no lookahead
+
+  auto refused = [](const std::string& re, const std::string& what) {
+    const std::string msg = pattern_error(re);
+    EXPECT_NE(msg.find("rule " + re + ": "), std::string::npos) << re << " -> " << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << re << " -> " << msg;
+  };
+  refused(R"((a)\1)", "backreferences (here \\1)");
+  refused(R"((a)\12)", "backreferences (here \\12)");
+  refused(R"((?P<e>a)(?P=e))", "backreferences (here (?P=...))");
+  refused(".*(?=gate)", "the lookahead (?=...)");
+  refused(".*(?!gate)", "the lookahead (?!...)");
+  refused("(?<=a)b", "the lookbehind (?<=...)");
+  refused("(?<!a)b", "the lookbehind (?<!...)");
+  refused("(?>a)", "the atomic group");
+  refused("(a)?(?(1)b|c)", "the conditional group");
+  refused("a*+", "a repetition applied to a repetition");
+  refused("a{1000}{1000}", "counted repetitions");
+  refused("a{1001}", "counted repetitions");
+  refused("(", "not a regular expression");
+  refused("(?x)a b", "not a regular expression");
+  refused(R"(\477)", "above \\377");
+  refused(std::string(1001, 'a'), "pattern longer than 1000 characters");
+  EXPECT_NE(pattern_error("a\xff").find("not valid UTF-8"), std::string::npos) << pattern_error("a\xff");
 }
 
 }  // namespace

@@ -166,6 +166,16 @@ def test_bad_activations_and_routing_raise(layer_of):
     ids, wts = routing(4, E, 2, seed=2)
     with pytest.raises(TypeError, match="x has dtype Int"):
         wna16.moe(x.to(torch.int32), ids, wts, w)
+    with pytest.raises(ValueError, match=r"x is undefined \(None\)"):
+        wna16.moe(None, ids, wts, w)
+    with pytest.raises(TypeError, match="Int is not an activation dtype"):
+        wna16.layer_tolerance(torch.int32)
+    with pytest.raises(TypeError, match="topk_weights has dtype Int"):
+        wna16.moe(x, ids, wts.to(torch.int32), w)
+    with pytest.raises(ValueError, match=r"topk_ids\[0, 1\]=1099511627776 is outside"):
+        wna16.moe(x, torch.tensor([[0, 2**40]] * 4), wts, w)
+    with pytest.raises(ValueError, match="x is on cpu, topk_ids on meta"):
+        wna16.moe(x, ids.to("meta"), wts, w)
     with pytest.raises(ValueError, match=rf"x has shape \[4, {H + 1}\]; expected \[M, {H}\]"):
         wna16.moe(torch.zeros(4, H + 1, dtype=torch.bfloat16), ids, wts, w)
     with pytest.raises(ValueError, match=r"x has shape \[2, 2, 256\]"):
@@ -218,6 +228,18 @@ def test_bad_pack_arguments_raise(layer_of):
     broken[3]["up"] = dict(L.experts[3]["up"], qweight=L.experts[3]["up"]["qweight"].float())
     with pytest.raises(TypeError, match="qweight.* has dtype Float"):
         wna16.pack(broken, **kw)
+    broken[3]["up"] = dict(L.experts[3]["up"], qzeros=L.experts[3]["up"]["qzeros"][:, :-1])
+    with pytest.raises(ValueError, match="expert 3.up: qzeros has"):
+        wna16.pack(broken, **kw)
+    g = torch.arange(L.H, dtype=torch.int32) // 32
+    g[5] = 999
+    broken[3]["up"] = dict(L.experts[3]["up"], g_idx=g)
+    with pytest.raises(ValueError, match=r"expert 3.up: g_idx\[5\]=999"):
+        wna16.pack(broken, **kw)
+    with pytest.raises(ValueError, match="group_size=0"):
+        wna16.pack(L.experts, **{**kw, "group_size": 0})
+    with pytest.raises(ValueError, match="top_k=9 must be in"):
+        wna16.pack(L.experts, **{**kw, "top_k": 9})
     with pytest.raises(ValueError, match="no 'down' linear"):
         wna16.pack([{"gate": L.experts[0]["gate"], "up": L.experts[0]["up"]}], **kw)
     no_router = wna16.pack(L.experts, **kw)

@@ -28,8 +28,8 @@ struct MoeWeights : torch::CustomClassHolder {
 using MoeWeightsPtr = c10::intrusive_ptr<MoeWeights>;
 
 // The activation dtype of a tensor: BF16, F16 or F32 (F32 is computed in BF16, as `wna16 run`
-// does). Throws c10::TypeError naming `who` and the dtype otherwise.
-DType act_dtype(const at::Tensor& x, const char* who);
+// does). Throws c10::TypeError naming `who`, the argument (`what`) and the dtype otherwise.
+DType act_dtype(const at::Tensor& x, const char* who, const char* what = "x");
 
 // Checks the arguments of moe / moe_out / moe_layer (shapes, dtypes, devices, the ids' range) and
 // throws c10 errors naming the argument and value. ids/weights may be undefined (moe_layer).

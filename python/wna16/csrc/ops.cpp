@@ -28,20 +28,21 @@ std::string MoeWeights::describe() const {
                   ", inter=" + std::to_string(spec.inter) + ", experts=" + std::to_string(spec.routing.num_experts) +
                   ", top_k=" + std::to_string(spec.routing.top_k) + ", routing=" + routing_name(spec.routing.method);
   if (spec.shared_kind != SharedExpertKind::None)
-    s += std::string(", shared=") + (spec.shared_kind == SharedExpertKind::Plain ? "plain" : "sigmoid_gated") + "x" +
-         std::to_string(spec.shared_inter);
+    s += std::string(", shared=") + (spec.shared_kind == SharedExpertKind::Plain ? "plain" : "sigmoid_gated") + "(" +
+         std::to_string(spec.shared_inter) + ")";
   if (!has_router) s += ", no router";
   return s + ", " + scheme + ")";
 }
 
-DType act_dtype(const at::Tensor& x, const char* who) {
+DType act_dtype(const at::Tensor& x, const char* who, const char* what) {
+  TORCH_CHECK_VALUE(x.defined(), who, ": ", what, " is undefined (None); expected a tensor");
   switch (x.scalar_type()) {
     case at::kBFloat16: return DType::BF16;
     case at::kHalf: return DType::F16;
     case at::kFloat: return DType::F32;
     default: break;
   }
-  TORCH_CHECK_TYPE(false, who, ": x has dtype ", x.scalar_type(), "; expected bfloat16, float16 or float32");
+  TORCH_CHECK_TYPE(false, who, ": ", what, " has dtype ", x.scalar_type(), "; expected bfloat16, float16 or float32");
 }
 
 namespace {
@@ -61,6 +62,7 @@ void check_moe_args(const at::Tensor& x, const at::Tensor* ids, const at::Tensor
   TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) == H, who, ": x has shape ", shape_str(x), "; expected [M, ", H,
                     "] (the layer's hidden size)");
   if (!ids) return;
+  TORCH_CHECK_VALUE(ids->defined() && wts->defined(), who, ": topk_ids or topk_weights is undefined (None)");
   TORCH_CHECK_TYPE(ids->scalar_type() == at::kInt || ids->scalar_type() == at::kLong, who, ": topk_ids has dtype ",
                    ids->scalar_type(), "; expected int32 or int64");
   TORCH_CHECK_TYPE(at::isFloatingType(wts->scalar_type()), who, ": topk_weights has dtype ", wts->scalar_type(),
@@ -236,9 +238,9 @@ MoeWeightsPtr load_checkpoint_layer(std::string path, int64_t layer, std::string
 }
 
 double tolerance(at::ScalarType dtype) {
-  const at::Tensor probe = at::empty({0}, at::TensorOptions().dtype(dtype).device(at::kMeta));
-  const DType d = act_dtype(probe, "wna16.layer_tolerance");
-  return layer_tolerance(d == DType::F32 ? DType::BF16 : d);  // F32 is computed in BF16
+  TORCH_CHECK_TYPE(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat, "wna16.layer_tolerance: ",
+                   dtype, " is not an activation dtype (bfloat16, float16 or float32)");
+  return layer_tolerance(dtype == at::kHalf ? DType::F16 : DType::BF16);  // F32 is computed in BF16
 }
 
 // ---- Meta kernels: shape and dtype only ---------------------------------------------------------

@@ -76,7 +76,10 @@ def moe(x, topk_ids, topk_weights, weights, out=None):
     """sum_j topk_weights[m, j] * expert[topk_ids[m, j]](x[m]) (+ the shared expert), x [M, hidden].
 
     x: bfloat16 or float16 (float32 is computed in bfloat16, as ``wna16 run`` does); topk_ids int32
-    or int64 [M, k]; topk_weights float [M, k]. ``out``: a contiguous tensor like x to write into.
+    or int64 [M, k] (k in [1, E], not necessarily the layer's top_k); topk_weights float [M, k].
+    Non-contiguous x, ids or weights are copied; ``out`` (a tensor like x to write into) must be
+    contiguous. The shared expert, if the weights have one, is added as in the whole layer; pack
+    without ``shared`` when the caller runs it separately. Inference only: no autograd.
     """
     if out is None:
         return ops.moe(x, topk_ids, topk_weights, weights)

@@ -26,6 +26,13 @@ class MoeBackendLayer {
   // x: host [M, H] of `dtype` (F16 or BF16; F32 is accepted and rounded to BF16 by the CPU
   // backend), out: host [M, H] of the same dtype. Synchronous convenience path.
   virtual void forward_host(const void* x, void* out, int64_t M, DType dtype) = 0;
+  // The layer without its router, for callers that route themselves (an inference engine):
+  // out[m] = sum_j topk_weights[m, j] * expert_{topk_ids[m, j]}(x[m]) (+ the shared expert, as in
+  // forward_host). topk_ids / topk_weights: host [M, top_k], 1 <= top_k <= E (not necessarily the
+  // spec's top_k), checked with check_routing (reference.h). x, out, dtype as in forward_host.
+  // The CPU backend implements it; the default throws Error naming the device.
+  virtual void forward_routed_host(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k,
+                                   void* out, int64_t M, DType dtype);
 };
 
 // Repacks the weights once (act-order permutation applied here, never per call).

@@ -25,6 +25,12 @@ Routing route_reference(const RoutingConfig& cfg, const float* logits, int64_t M
 std::vector<float> router_logits_reference(const MoeLayerSpec& spec, const MoeLayerWeights& w,
                                            const float* x, int64_t M);
 
+// Checks a routing decided by the caller: ids and weights [M, top_k] (row-major), 1 <= top_k <= E,
+// every id in [0, E), every weight finite. Throws Error naming `who`, the token, the choice and the
+// value. Repeated ids within a token are allowed (their contributions add).
+void check_routing(const RoutingConfig& cfg, const int32_t* ids, const float* weights, int64_t M, int top_k,
+                   const char* who);
+
 // ---- moe_align_block_size contract ---------------------------------------------------------
 // Input: topk_ids [num_slots] (num_slots = M * top_k, slot s = token s / top_k, choice s % top_k),
 // each in [0, E). Output, with sentinel = num_slots:
@@ -58,6 +64,12 @@ std::vector<double> expert_mlp_reference(const ExpertWeights& e, const double* x
 // route_reference on router_logits_reference.
 std::vector<double> moe_reference(const MoeLayerSpec& spec, const MoeLayerWeights& w,
                                   const float* x, int64_t M, Routing* routing_out = nullptr);
+
+// The layer in float64 with the routing given (r.ids / r.weights [M, r.top_k], checked with
+// check_routing): sum over the top-k of weight * expert(x), plus the shared expert. The router is not
+// used. moe_reference is route_reference followed by this.
+std::vector<double> moe_reference_routed(const MoeLayerSpec& spec, const MoeLayerWeights& w, const float* x,
+                                         int64_t M, const Routing& r);
 
 // Relative Frobenius error ||a - b|| / ||b||; NaN or inf anywhere gives +inf.
 double rel_error(const double* a, const double* b, int64_t n);

@@ -123,6 +123,17 @@ int64_t CpuMoeLayer::shared_bytes() const {
 }
 
 void CpuMoeLayer::forward_host(const void* x, void* out, int64_t M, DType dtype) {
+  forward(x, out, M, dtype, nullptr, nullptr, spec_.routing.top_k);
+}
+
+void CpuMoeLayer::forward_routed_host(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k,
+                                      void* out, int64_t M, DType dtype) {
+  check_routing(spec_.routing, topk_ids, topk_weights, M, top_k, "cpu forward_routed_host");
+  forward(x, out, M, dtype, topk_ids, topk_weights, top_k);
+}
+
+void CpuMoeLayer::forward(const void* x, void* out, int64_t M, DType dtype, const int32_t* ids, const float* wts,
+                          int k) {
   check_forward_args(x, out, M, "cpu forward");
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = {};
@@ -130,16 +141,18 @@ void CpuMoeLayer::forward_host(const void* x, void* out, int64_t M, DType dtype)
   for (int64_t m0 = 0; m0 < M; m0 += kMaxChunkTokens) {
     const int64_t mc = std::min(kMaxChunkTokens, M - m0);
     forward_chunk(static_cast<const uint8_t*>(x) + m0 * H * int64_t(dtype_size(dtype)),
-                  static_cast<uint8_t*>(out) + m0 * H * int64_t(dtype_size(dtype)), mc, dtype);
+                  static_cast<uint8_t*>(out) + m0 * H * int64_t(dtype_size(dtype)), mc, dtype,
+                  ids ? ids + m0 * k : nullptr, wts ? wts + m0 * k : nullptr, k);
   }
 }
 
-void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype) {
+// ids/wts: the caller's routing [M, k], or null to route with the layer's router.
+void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype, const int32_t* ids,
+                                const float* wts, int k) {
   ThreadPool& pool = thread_pool();
   const int threads = pool.size();
   const DType act = compute_dtype(dtype);
   const int64_t H = spec_.hidden, E = spec_.routing.num_experts;
-  const int k = spec_.routing.top_k;
   const bool has_shared = int64_t(experts_.size()) > E;
   const int64_t routed_slots = M * k, S = routed_slots + (has_shared ? M : 0);
   PhaseTrace trace;
@@ -157,15 +170,17 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
   });
 
   trace.mark("A");
-  // ---- B: router logits (+ shared expert gate) ----------------------------------------------
-  logits_.resize(size_t(M * E));
-  const int64_t r_tok = 64, r_tasks_e = (E + kRouterExperts - 1) / kRouterExperts;
-  pool.run(((M + r_tok - 1) / r_tok) * r_tasks_e, [&](int64_t t, int) {
-    const int64_t e0 = (t % r_tasks_e) * kRouterExperts, ne = std::min(kRouterExperts, E - e0);
-    const int64_t mb = (t / r_tasks_e) * r_tok;
-    for (int64_t m = mb; m < std::min(M, mb + r_tok); ++m)
-      kernels_->router(&xf_[size_t(m * H)], &router_[size_t(e0 * H)], H, ne, &logits_[size_t(m * E + e0)]);
-  });
+  // ---- B: router logits (none with the caller's routing) (+ shared expert gate) -------------
+  if (!ids) {
+    logits_.resize(size_t(M * E));
+    const int64_t r_tok = 64, r_tasks_e = (E + kRouterExperts - 1) / kRouterExperts;
+    pool.run(((M + r_tok - 1) / r_tok) * r_tasks_e, [&](int64_t t, int) {
+      const int64_t e0 = (t % r_tasks_e) * kRouterExperts, ne = std::min(kRouterExperts, E - e0);
+      const int64_t mb = (t / r_tasks_e) * r_tok;
+      for (int64_t m = mb; m < std::min(M, mb + r_tok); ++m)
+        kernels_->router(&xf_[size_t(m * H)], &router_[size_t(e0 * H)], H, ne, &logits_[size_t(m * E + e0)]);
+    });
+  }
   shared_g_.assign(size_t(M), 1.f);
   if (spec_.shared_kind == SharedExpertKind::SigmoidGated)
     for (int64_t m = 0; m < M; ++m) {
@@ -176,8 +191,15 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
 
   trace.mark("B");
   // ---- routing and align ---------------------------------------------------------------------
-  const Routing r =
-      route_reference(spec_.routing, logits_.data(), M, correction_bias_.empty() ? nullptr : correction_bias_.data());
+  Routing r;
+  if (ids) {
+    r.M = M;
+    r.top_k = k;
+    r.ids.assign(ids, ids + M * k);
+    r.weights.assign(wts, wts + M * k);
+  } else {
+    r = route_reference(spec_.routing, logits_.data(), M, correction_bias_.empty() ? nullptr : correction_bias_.data());
+  }
   // block_m = 1: slot ids grouped by expert, ascending within each; expert_ids[i] is slot i's.
   const AlignResult al = align_slots(r.ids.data(), routed_slots, int(E), 1);
   std::vector<int64_t> slot_order(static_cast<size_t>(S));

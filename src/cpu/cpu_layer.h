@@ -28,6 +28,8 @@ class CpuMoeLayer final : public MoeBackendLayer {
   CpuMoeLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w, Isa isa);
   Device device() const override { return Device::Cpu; }
   void forward_host(const void* x, void* out, int64_t M, DType dtype) override;
+  void forward_routed_host(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k, void* out,
+                           int64_t M, DType dtype) override;
 
   Isa isa() const { return kernels_->isa; }
   const ForwardStats& last_stats() const { return stats_; }
@@ -37,7 +39,8 @@ class CpuMoeLayer final : public MoeBackendLayer {
 
  private:
   struct Entry;  // one expert with tokens in the current chunk
-  void forward_chunk(const void* x, void* out, int64_t M, DType dtype);
+  void forward(const void* x, void* out, int64_t M, DType dtype, const int32_t* ids, const float* wts, int k);
+  void forward_chunk(const void* x, void* out, int64_t M, DType dtype, const int32_t* ids, const float* wts, int k);
 
   MoeLayerSpec spec_;
   const Kernels* kernels_;

@@ -45,15 +45,46 @@ std::vector<double> expert_mlp_reference(const ExpertWeights& e, const double* x
   return linear(e.down, h.data(), M);
 }
 
+void check_routing(const RoutingConfig& cfg, const int32_t* ids, const float* weights, int64_t M, int top_k,
+                   const char* who) {
+  const std::string w(who);
+  if (M < 0) throw Error(w + ": M=" + std::to_string(M) + " is negative");
+  if (top_k < 1 || top_k > cfg.num_experts)
+    throw Error(w + ": top_k=" + std::to_string(top_k) + " is outside [1, " + std::to_string(cfg.num_experts) +
+                "] (the layer's number of experts)");
+  if (M > 0 && (!ids || !weights)) throw Error(w + ": null topk_ids or topk_weights for M=" + std::to_string(M));
+  for (int64_t m = 0; m < M; ++m)
+    for (int j = 0; j < top_k; ++j) {
+      const int64_t s = m * top_k + j;
+      if (ids[s] < 0 || ids[s] >= cfg.num_experts)
+        throw Error(w + ": topk_ids[" + std::to_string(m) + ", " + std::to_string(j) + "]=" + std::to_string(ids[s]) +
+                    " is outside [0, " + std::to_string(cfg.num_experts) + ")");
+      if (!std::isfinite(weights[s]))
+        throw Error(w + ": topk_weights[" + std::to_string(m) + ", " + std::to_string(j) + "]=" +
+                    std::to_string(weights[s]) + " is not finite");
+    }
+}
+
 std::vector<double> moe_reference(const MoeLayerSpec& spec, const MoeLayerWeights& w, const float* x, int64_t M,
                                   Routing* routing_out) {
   w.validate(spec);
   if (M < 0) throw Error("moe_reference: M=" + std::to_string(M) + " is negative");
-  const int64_t H = spec.hidden, E = spec.routing.num_experts;
-  const int k = spec.routing.top_k;
-
   const std::vector<float> logits = router_logits_reference(spec, w, x, M);
   Routing r = route_reference(spec.routing, logits.data(), M, w.correction_bias.empty() ? nullptr : w.correction_bias.data());
+  std::vector<double> out = moe_reference_routed(spec, w, x, M, r);
+  if (routing_out) *routing_out = std::move(r);
+  return out;
+}
+
+std::vector<double> moe_reference_routed(const MoeLayerSpec& spec, const MoeLayerWeights& w, const float* x,
+                                         int64_t M, const Routing& r) {
+  w.validate(spec);
+  const int k = r.top_k;
+  if (r.M != M || int64_t(r.ids.size()) != M * k || int64_t(r.weights.size()) != M * k)
+    throw Error("moe_reference_routed: routing of M=" + std::to_string(r.M) + ", top_k=" + std::to_string(k) +
+                " with " + std::to_string(r.ids.size()) + " ids does not match M=" + std::to_string(M));
+  check_routing(spec.routing, r.ids.data(), r.weights.data(), M, k, "moe_reference_routed");
+  const int64_t H = spec.hidden, E = spec.routing.num_experts;
 
   std::vector<double> out(static_cast<size_t>(M * H), 0.0);
   // One expert at a time: gather its tokens, run the MLP, scatter-add weight * result.
@@ -90,7 +121,6 @@ std::vector<double> moe_reference(const MoeLayerSpec& spec, const MoeLayerWeight
     }
   }
 
-  if (routing_out) *routing_out = std::move(r);
   return out;
 }
 

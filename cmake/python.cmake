@@ -1,0 +1,27 @@
+# The PyTorch extension: python/wna16/csrc/*.cpp -> <build>/python/wna16/_C.so, a plain shared
+# object that torch.ops.load_library loads (it registers torch.ops.wna16 and
+# torch.classes.wna16.MoeWeights; no Python C API, so no libpython link). The package's .py files
+# are symlinked beside it, so `PYTHONPATH=<build>/python python3 -c "import wna16"` works from the
+# build tree and edits to the .py sources need no rebuild (scripts/test-python does this).
+set_target_properties(wna16_formats wna16_reference wna16_io wna16_cpu wna16 PROPERTIES POSITION_INDEPENDENT_CODE ON)
+if(TARGET wna16_cuda)
+  set_target_properties(wna16_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endif()
+
+set(WNA16_PY_DIR ${CMAKE_BINARY_DIR}/python/wna16)
+file(GLOB WNA16_TORCH_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/python/wna16/csrc/*.cpp)
+add_library(wna16_torch MODULE ${WNA16_TORCH_SOURCES})
+set_target_properties(wna16_torch PROPERTIES OUTPUT_NAME _C PREFIX "" SUFFIX ".so"
+                                             LIBRARY_OUTPUT_DIRECTORY ${WNA16_PY_DIR})
+target_include_directories(wna16_torch PRIVATE ${CMAKE_SOURCE_DIR}/python/wna16/csrc)
+# Torch's headers come in as an imported target's includes (treated as system headers), so our
+# warning flags, -Werror included, apply to our code only.
+target_link_libraries(wna16_torch PRIVATE wna16 ${TORCH_LIBRARIES})
+target_compile_options(wna16_torch PRIVATE ${WNA16_WARNINGS})
+
+file(GLOB WNA16_PY_FILES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/python/wna16/*.py)
+file(MAKE_DIRECTORY ${WNA16_PY_DIR})
+foreach(f ${WNA16_PY_FILES})
+  get_filename_component(name ${f} NAME)
+  file(CREATE_LINK ${f} ${WNA16_PY_DIR}/${name} SYMBOLIC)
+endforeach()

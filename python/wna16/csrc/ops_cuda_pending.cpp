@@ -1,0 +1,30 @@
+// CUDA dispatch of torch.ops.wna16: not built yet. Until the CUDA kernels are registered here
+// (TORCH_LIBRARY_IMPL(wna16, CUDA, m) on the library's cuda::CudaMoeLayer), a CUDA tensor gets
+// this error instead of the dispatcher's generic "could not run ... with the CUDA backend".
+#include <ATen/ATen.h>
+
+#include "moe_weights.h"
+
+namespace wna16::torch_ext {
+namespace {
+
+[[noreturn]] void pending(const char* op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": CUDA dispatch is not built yet (this version of the "
+                                         "extension runs on CPU tensors only)");
+}
+
+at::Tensor moe_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&, MoeWeightsPtr) { pending("wna16.moe"); }
+at::Tensor& moe_out_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&, MoeWeightsPtr, at::Tensor&) {
+  pending("wna16.moe_out");
+}
+at::Tensor moe_layer_cuda(const at::Tensor&, MoeWeightsPtr) { pending("wna16.moe_layer"); }
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(wna16, CUDA, m) {
+  m.impl("moe", &moe_cuda);
+  m.impl("moe_out", &moe_out_cuda);
+  m.impl("moe_layer", &moe_layer_cuda);
+}
+
+}  // namespace wna16::torch_ext

@@ -1,0 +1,138 @@
+"""Shared helpers of the Python tests: the build tree's CLI, synthetic checkpoints written by
+`wna16 synth`, a minimal safetensors reader/writer, and a float64 reference of the MoE layer in
+pure torch, dequantizing the checkpoint-layout tensors per the published GPTQ/AWQ semantics
+(../shared/docs/formats.md) independently of the library's unpacking."""
+import json
+import os
+import struct
+import subprocess
+
+import pytest
+import torch
+
+import wna16
+
+# <build>/python/wna16/__init__.py -> <build>
+BUILD_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(wna16.__file__))))
+CLI = os.path.join(BUILD_DIR, "wna16")
+
+_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
+           "I64": torch.int64}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def cli(*args):
+    r = subprocess.run([CLI, *map(str, args)], capture_output=True, text=True)
+    assert r.returncode == 0, f"wna16 {' '.join(map(str, args))} failed:\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        raw = bytearray(data[8 + n + b:8 + n + e])
+        t = torch.frombuffer(raw, dtype=_DTYPES[info["dtype"]]) if raw else torch.empty(0, dtype=_DTYPES[info["dtype"]])
+        out[name] = t.reshape(info["shape"])
+    return out
+
+
+def write_safetensors(path, tensors):
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        t = t.contiguous()
+        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def read_checkpoint(d):
+    tensors = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith(".safetensors"):
+            tensors.update(read_safetensors(os.path.join(d, f)))
+    return tensors
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory):
+    """synth(arch, format, *flags) -> directory of a synthetic checkpoint (cached per arguments)."""
+    cache = {}
+
+    def make(arch, fmt, *flags):
+        key = (arch, fmt) + flags
+        if key not in cache:
+            d = tmp_path_factory.mktemp("ckpt") / "model"
+            cli("synth", d, "--arch", arch, "--format", fmt, "--layers", 2, "--max-shard-size", 1 << 30, *flags)
+            cache[key] = str(d)
+        return cache[key]
+
+    return make
+
+
+# ---- float64 reference from checkpoint-layout tensors -------------------------------------------
+
+_AWQ_REVERSE = [0, 4, 1, 5, 2, 6, 3, 7]  # column 8c+j is in nibble _AWQ_REVERSE[j]
+
+
+def _unpack_k(words, bits):  # GPTQ qweight [K*bits/32, N] -> [K, N], LSB first along K
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(0, 32, bits, dtype=torch.int64)
+    return ((w[:, None, :] >> shifts[None, :, None]) & ((1 << bits) - 1)).reshape(-1, words.shape[1])
+
+
+def _unpack_n(words, bits, order=None):  # packed along N: [R, N*bits/32] -> [R, N]
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    per = 32 // bits
+    shifts = torch.arange(per, dtype=torch.int64) * bits
+    if order is not None:
+        shifts = shifts[torch.tensor(order)]
+    return ((w[:, :, None] >> shifts[None, None, :]) & ((1 << bits) - 1)).reshape(words.shape[0], -1)
+
+
+def dequantize(lin, fmt, bits, group_size):
+    """W [K, N] float64 per formats.md."""
+    scales = lin["scales"].to(torch.float64)
+    if fmt == "awq":
+        q = _unpack_n(lin["qweight"], 4, _AWQ_REVERSE)
+        z = _unpack_n(lin["qzeros"], 4, _AWQ_REVERSE)
+    else:
+        q = _unpack_k(lin["qweight"], bits)
+        z = _unpack_n(lin["qzeros"], bits) + (1 if fmt == "gptq" else 0)  # v1 stores zero - 1
+    K = q.shape[0]
+    g = lin.get("g_idx")
+    g = g.to(torch.int64) if g is not None else torch.arange(K) // (K if group_size == -1 else group_size)
+    return scales[g] * (q - z[g]).to(torch.float64)
+
+
+def mlp64(x, deq):
+    g, u, d = (deq[n] for n in ("gate", "up", "down"))
+    return (torch.nn.functional.silu(x @ g) * (x @ u)) @ d
+
+
+def moe_reference(x, topk_ids, topk_weights, experts64, shared64=None, shared_gate=None):
+    """x [M, H] float64; experts64: list of {"gate","up","down"} float64 [K, N]."""
+    out = torch.zeros_like(x)
+    for m in range(x.shape[0]):
+        for j in range(topk_ids.shape[1]):
+            out[m] += float(topk_weights[m, j]) * mlp64(x[m:m + 1], experts64[int(topk_ids[m, j])])[0]
+    if shared64 is not None:
+        s = mlp64(x, shared64)
+        if shared_gate is not None:
+            s = s * torch.sigmoid(x @ shared_gate.to(torch.float64).reshape(-1, 1))
+        out += s
+    return out
+
+
+def rel_error(got, ref):
+    return float(torch.linalg.norm(got.to(torch.float64) - ref) / torch.linalg.norm(ref))

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "wna16/error.h"
 #include "wna16/half.h"
 #include "wna16/moe.h"
 
@@ -30,9 +31,13 @@ class MoeBackendLayer {
   // out[m] = sum_j topk_weights[m, j] * expert_{topk_ids[m, j]}(x[m]) (+ the shared expert, as in
   // forward_host). topk_ids / topk_weights: host [M, top_k], 1 <= top_k <= E (not necessarily the
   // spec's top_k), checked with check_routing (reference.h). x, out, dtype as in forward_host.
-  // The CPU backend implements it; the default throws Error naming the device.
-  virtual void forward_routed_host(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k,
-                                   void* out, int64_t M, DType dtype);
+  // The CPU backend implements it; the default throws Error naming the device. Inline on purpose:
+  // every virtual of this class is inline or pure, so backends in other libraries (wna16_cuda)
+  // need nothing from the dispatch library (which links them) to link.
+  virtual void forward_routed_host(const void*, const int32_t*, const float*, int, void*, int64_t, DType) {
+    throw Error(std::string("forward_routed_host (caller-owned routing) is not implemented by the ") +
+                (device() == Device::Cpu ? "cpu" : "cuda") + " backend yet");
+  }
 };
 
 // Repacks the weights once (act-order permutation applied here, never per call).

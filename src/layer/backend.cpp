@@ -19,11 +19,6 @@ std::unique_ptr<MoeBackendLayer> make_layer(Device d, const MoeLayerSpec& spec, 
   return d == Device::Cuda ? make_cuda_layer(spec, w) : make_cpu_layer(spec, w);
 }
 
-void MoeBackendLayer::forward_routed_host(const void*, const int32_t*, const float*, int, void*, int64_t, DType) {
-  throw Error(std::string("forward_routed_host (caller-owned routing) is not implemented by the ") +
-              device_name(device()) + " backend yet");
-}
-
 double layer_tolerance(DType act) {
   // Weights are exact after dequantisation; the error comes from the activations' dtype: fp32
   // accumulation of bf16/fp16 products, and the silu(gate)*up intermediate rounded to `act`.

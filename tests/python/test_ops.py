@@ -1,6 +1,8 @@
 """torch.ops.wna16 on the CPU against a pure-torch float64 reference built from the
 checkpoint-layout tensors (dequantized in the test, per formats.md), with the library's
 layer_tolerance; plus the out= variant, the Meta kernels, and the refusals of bad input."""
+import re
+
 import pytest
 import torch
 
@@ -248,8 +250,12 @@ def test_bad_pack_arguments_raise(layer_of):
         wna16.moe_layer(x, no_router)
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         wna16.pack(L.experts, device="tpu", **kw)
-    with pytest.raises(ValueError, match="no CUDA backend"):
+    # device="cuda": refused by a build without the CUDA backend, or by one without a GPU; where
+    # both exist it packs (the CUDA dispatch of the ops is the part not built yet).
+    try:
         wna16.pack(L.experts, device="cuda", **kw)
+    except ValueError as e:
+        assert re.search(r"no CUDA backend|no CUDA GPU is present", str(e)), str(e)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA build of torch and a GPU")

@@ -13,6 +13,8 @@
 namespace wna16 {
 namespace {
 
+using test::expect_same_spec;
+
 using OJ = nlohmann::ordered_json;
 
 // MoE-relevant keys of published configs, canonical (transformers 4.x / original repo) spelling.
@@ -60,20 +62,6 @@ std::string without_key(const std::string& text, const std::string& key) {
   OJ j = OJ::parse(text);
   j.erase(key);
   return j.dump();
-}
-
-void expect_same_spec(const MoeLayerSpec& a, const MoeLayerSpec& b) {
-  EXPECT_EQ(a.hidden, b.hidden);
-  EXPECT_EQ(a.inter, b.inter);
-  EXPECT_EQ(a.routing.method, b.routing.method);
-  EXPECT_EQ(a.routing.num_experts, b.routing.num_experts);
-  EXPECT_EQ(a.routing.top_k, b.routing.top_k);
-  EXPECT_EQ(a.routing.renormalize, b.routing.renormalize);
-  EXPECT_EQ(a.routing.n_group, b.routing.n_group);
-  EXPECT_EQ(a.routing.topk_group, b.routing.topk_group);
-  EXPECT_DOUBLE_EQ(a.routing.routed_scaling_factor, b.routing.routed_scaling_factor);
-  EXPECT_EQ(a.shared_kind, b.shared_kind);
-  EXPECT_EQ(a.shared_inter, b.shared_inter);
 }
 
 // Same architecture, sizes, routing and layer layout; the spec of every MoE layer equal.

@@ -5,11 +5,14 @@
 #include <chrono>
 #include <cstdio>
 
+#include "io_test_util.h"
 #include "wna16/checkpoint.h"
 #include "wna16/error.h"
 
 namespace wna16 {
 namespace {
+
+using test::expect_same_spec;
 
 // The MoE-relevant keys of the published config.json files (values as on the Hugging Face hub).
 const char* kMixtral = R"({"architectures":["MixtralForCausalLM"],"model_type":"mixtral","hidden_size":4096,
@@ -30,20 +33,6 @@ const char* kDsV3 = R"({"model_type":"deepseek_v3","hidden_size":7168,"intermedi
   "topk_method":"noaux_tc","n_group":8,"topk_group":4,"routed_scaling_factor":2.5,"norm_topk_prob":true,
   "scoring_func":"sigmoid","first_k_dense_replace":3,"moe_layer_freq":1,"num_hidden_layers":61,
   "num_nextn_predict_layers":1})";
-
-void expect_same_spec(const MoeLayerSpec& a, const MoeLayerSpec& b) {
-  EXPECT_EQ(a.hidden, b.hidden);
-  EXPECT_EQ(a.inter, b.inter);
-  EXPECT_EQ(a.routing.method, b.routing.method);
-  EXPECT_EQ(a.routing.num_experts, b.routing.num_experts);
-  EXPECT_EQ(a.routing.top_k, b.routing.top_k);
-  EXPECT_EQ(a.routing.renormalize, b.routing.renormalize);
-  EXPECT_EQ(a.routing.n_group, b.routing.n_group);
-  EXPECT_EQ(a.routing.topk_group, b.routing.topk_group);
-  EXPECT_DOUBLE_EQ(a.routing.routed_scaling_factor, b.routing.routed_scaling_factor);
-  EXPECT_EQ(a.shared_kind, b.shared_kind);
-  EXPECT_EQ(a.shared_inter, b.shared_inter);
-}
 
 TEST(ModelConfig, RealConfigsMatchThePresets) {
   expect_same_spec(parse_model_config(kMixtral, "c").layer_spec(0), preset("mixtral-8x7b"));

@@ -47,6 +47,21 @@ class ScratchDir {
   std::string path_;
 };
 
+// Two layer specs describe the same layer: sizes, routing and shared expert.
+inline void expect_same_spec(const MoeLayerSpec& a, const MoeLayerSpec& b) {
+  EXPECT_EQ(a.hidden, b.hidden);
+  EXPECT_EQ(a.inter, b.inter);
+  EXPECT_EQ(a.routing.method, b.routing.method);
+  EXPECT_EQ(a.routing.num_experts, b.routing.num_experts);
+  EXPECT_EQ(a.routing.top_k, b.routing.top_k);
+  EXPECT_EQ(a.routing.renormalize, b.routing.renormalize);
+  EXPECT_EQ(a.routing.n_group, b.routing.n_group);
+  EXPECT_EQ(a.routing.topk_group, b.routing.topk_group);
+  EXPECT_DOUBLE_EQ(a.routing.routed_scaling_factor, b.routing.routed_scaling_factor);
+  EXPECT_EQ(a.shared_kind, b.shared_kind);
+  EXPECT_EQ(a.shared_inter, b.shared_inter);
+}
+
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;

@@ -89,7 +89,6 @@ void force_gemm_config(int config) {
   if (config != -1) (void)row(config);
   g_forced_config = config;
 }
-int forced_gemm_config() { return g_forced_config; }
 
 // ---- the layer call ----------------------------------------------------------------------------
 bool layer_gathers(const LayerShape& s, int64_t M) {

@@ -32,7 +32,6 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather);
 // can run the call (a row without the act-order gather is refused for a GEMM that needs it, naming
 // both). -1 (the default): the table. Set it before the calls, not during them.
 void force_gemm_config(int config);
-int forced_gemm_config();  // -1 when none
 
 // ---- the layer call ----------------------------------------------------------------------------
 // What the layer knows of itself at build time.

@@ -46,6 +46,8 @@ constexpr ConfigRow kConfigs[] = {
     // 450, Qwen1.5 M=512 469 / 519), at 48-52 (Mixtral M=208 929 / 1010; Qwen3 M=768 391 / 496;
     // DeepSeek-V2-Lite M=512 431 / 492).
     {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, 64.0 - 1e-9, kAny},
+    // The wgmma kernel with 64-token blocks, two per SM. No act-order gather.
+    {"m64w", gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, kNever, kNever},
     // Hopper wgmma prefill kernel (144-token blocks, bulk copies) from 64 per expert: faster or
     // level at 64-72 (us m64 / m144w: Mixtral M=256 1127 / 1048, 2026-12-02 again 1123 / 1052;
     // DeepSeek-V2-Lite M=768 657 / 571; Qwen3 M=1024 541 / 537, again 537 / 536; Qwen1.5-MoE
@@ -54,7 +56,7 @@ constexpr ConfigRow kConfigs[] = {
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 static_assert(kConfigs[0].block_m < kConfigs[1].block_m && kConfigs[1].block_m < kConfigs[2].block_m &&
-                  kConfigs[2].block_m < kConfigs[3].block_m,
+                  kConfigs[2].block_m <= kConfigs[3].block_m && kConfigs[3].block_m < kConfigs[4].block_m,
               "configs are ordered by BLOCK_M; the largest sizes the workspace");
 static_assert(kConfigs[2].max_plain > 0 && kConfigs[2].max_gather >= kAny, "m64 is the fallback of every call");
 

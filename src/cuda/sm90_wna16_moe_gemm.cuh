@@ -55,6 +55,31 @@ using CfgM32 = TileConfig<4, 2, 4, 4, true>;
 // Prefill: 64-token tiles, each dequantised weight fragment feeds 8 MMAs; weights reused via L2.
 using CfgM64 = TileConfig<4, 2, 8, 4, false>;
 
+// The wgmma tile configs (the kernel table's rows m64w and m144w, dispatch.cu): the same kernel
+// with 64 or 144 tokens per m-block. 144 tokens take 242 registers (one block per SM); 64 fit two
+// blocks per SM, whose rings and k-loops interleave (the mid-range m-blocks of 21-64 tokens).
+struct CfgM144W {
+  static constexpr const char* NAME = "m144w";
+  static constexpr int THREADS = 256;  // 2 warpgroups
+  static constexpr int BLOCK_M = 144;  // tokens per m-block (the align block size)
+  static constexpr int MIN_BLOCKS = 1;  // blocks per SM the registers are budgeted for
+  static constexpr int XROWS = (BLOCK_M + 31) / 32;  // token rows a thread copies per stage
+  static constexpr int NTB = 16;       // 16-row weight tiles per block
+  static constexpr int BLOCK_N = NTB * 16;
+  static constexpr int stages(int bits) { return bits == 4 ? 6 : 5; }  // chunks in the ring
+};
+struct CfgM64W {
+  static constexpr const char* NAME = "m64w";
+  static constexpr int THREADS = 256;
+  static constexpr int BLOCK_M = 64;
+  static constexpr int MIN_BLOCKS = 2;
+  static constexpr int XROWS = (BLOCK_M + 31) / 32;
+  static constexpr int NTB = 16;
+  static constexpr int BLOCK_N = NTB * 16;
+  // Two blocks of 5 int4 stages (20 KB each) share an SM's 228 KB; int8 stages (28 KB) fit one.
+  static constexpr int stages(int bits) { return bits == 4 ? 5 : 6; }
+};
+
 // ---- PTX helpers ----------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -746,19 +771,21 @@ int prepare_decode();
 template <class T, int BITS>
 void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream);
 
-// The wgmma prefill kernel, config m144w (sm90_wna16_moe_prefill.cuh), explicitly instantiated in
-// sm90_wna16_moe_prefill_w{4,8}.cu.
-template <class T, int BITS>
+// The wgmma kernel, configs m64w and m144w (sm90_wna16_moe_prefill.cuh), explicitly instantiated
+// in sm90_wna16_moe_prefill_w{4,8}.cu.
+template <class C, class T, int BITS>
 int prepare_prefill();
-template <class T, int BITS>
+template <class C, class T, int BITS>
 void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream);
-#define WNA16_PREFILL_EXTERN(T, B)                 \
-  extern template int prepare_prefill<T, B>();     \
-  extern template void launch_prefill<T, B>(const KParams&, int64_t, cudaStream_t);
-WNA16_PREFILL_EXTERN(__half, 4)
-WNA16_PREFILL_EXTERN(__nv_bfloat16, 4)
-WNA16_PREFILL_EXTERN(__half, 8)
-WNA16_PREFILL_EXTERN(__nv_bfloat16, 8)
+#define WNA16_PREFILL_EXTERN(C, T, B)                 \
+  extern template int prepare_prefill<C, T, B>();     \
+  extern template void launch_prefill<C, T, B>(const KParams&, int64_t, cudaStream_t);
+#define WNA16_PREFILL_EXTERN_BITS(C, B) WNA16_PREFILL_EXTERN(C, __half, B) WNA16_PREFILL_EXTERN(C, __nv_bfloat16, B)
+WNA16_PREFILL_EXTERN_BITS(CfgM64W, 4)
+WNA16_PREFILL_EXTERN_BITS(CfgM64W, 8)
+WNA16_PREFILL_EXTERN_BITS(CfgM144W, 4)
+WNA16_PREFILL_EXTERN_BITS(CfgM144W, 8)
+#undef WNA16_PREFILL_EXTERN_BITS
 #undef WNA16_PREFILL_EXTERN
 
 // kp == nullptr: only prepare the instantiation. Returns the blocks resident per SM (one copy).
@@ -772,6 +799,16 @@ int launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks,
     }
     if (kp) launch_config<C, __half, BITS>(*kp, upper_mblocks, s);
     return prepare_config<C, __half, BITS>()[1];
+  };
+  auto wgmma = [&](auto cfg) {
+    // The wgmma kernel (the launcher refuses act-order for it).
+    using C = decltype(cfg);
+    if (act == DType::BF16) {
+      if (kp) launch_prefill<C, __nv_bfloat16, BITS>(*kp, upper_mblocks, s);
+      return prepare_prefill<C, __nv_bfloat16, BITS>();
+    }
+    if (kp) launch_prefill<C, __half, BITS>(*kp, upper_mblocks, s);
+    return prepare_prefill<C, __half, BITS>();
   };
   switch (config) {
     case 0:
@@ -788,14 +825,8 @@ int launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks,
       return prepare_decode<__half, BITS>();
     case 1: return by_act(CfgM32{});
     case 2: return by_act(CfgM64{});
-    default:
-      // m144w: the wgmma prefill kernel (the launcher refuses act-order for it).
-      if (act == DType::BF16) {
-        if (kp) launch_prefill<__nv_bfloat16, BITS>(*kp, upper_mblocks, s);
-        return prepare_prefill<__nv_bfloat16, BITS>();
-      }
-      if (kp) launch_prefill<__half, BITS>(*kp, upper_mblocks, s);
-      return prepare_prefill<__half, BITS>();
+    case 3: return wgmma(CfgM64W{});
+    default: return wgmma(CfgM144W{});
   }
 }
 

@@ -1,5 +1,5 @@
-// The prefill kernel of the fused MoE GEMM (tile config "m144w"): Hopper wgmma (sm_90a), 144 tokens
-// per m-block, 256 weight rows per block. Same work items, operand roles, dequantisation and
+// The wgmma kernel of the fused MoE GEMM (tile configs "m144w" and "m64w"): Hopper wgmma (sm_90a),
+// 144 (or 64) tokens per m-block, 256 weight rows per block; the text below speaks of m144w. Same work items, operand roles, dequantisation and
 // epilogues as the staged kernel (sm90_wna16_moe_gemm.cuh); instantiated in
 // sm90_wna16_moe_prefill_w{4,8}.cu. No act-order (the launcher refuses a perm).
 //
@@ -56,34 +56,23 @@
 
 namespace wna16::cuda::gemm {
 
-// Tile config "m144w" (see moe_gemm_launch.cu's table).
-struct CfgM144W {
-  static constexpr int THREADS = 256;  // 2 warpgroups
-  static constexpr int BLOCK_M = 144;  // tokens per m-block (the align block size)
-  static constexpr int XROWS = (BLOCK_M + 31) / 32;  // token rows a thread copies per stage
-  static constexpr int NTB = 16;       // 16-row weight tiles per block
-  static constexpr int BLOCK_N = NTB * 16;
-};
-
-template <int BITS>
+template <class C, int BITS>
 struct PrefillSmem {
   static constexpr int U = BITS / 4;                 // 16-byte words per lane per tile per chunk
-  static constexpr int STAGES = BITS == 4 ? 6 : 5;   // chunks in the ring (STAGES - 2 in flight)
-  static constexpr int kXBytes = CfgM144W::BLOCK_M * 128;  // 18 KB, multiple of 1024
-  static constexpr int kWBytes = CfgM144W::NTB * U * 32 * 16;
-  static constexpr int kMetaBytes = CfgM144W::NTB * 32 * 4;
+  static constexpr int STAGES = C::stages(BITS);     // chunks in the ring (STAGES - 2 in flight)
+  static constexpr int kXBytes = C::BLOCK_M * 128;   // multiple of 1024
+  static constexpr int kWBytes = C::NTB * U * 32 * 16;
+  static constexpr int kMetaBytes = C::NTB * 32 * 4;
   static constexpr int kStage = kXBytes + kWBytes + 2 * kMetaBytes;
   static constexpr int kBytes = STAGES * kStage + 1024;  // + slack to align the ring to 1024 bytes
   static_assert(kStage % 1024 == 0, "every stage's token tile starts on a 1024-byte swizzle atom");
+  static_assert(C::BLOCK_M % 16 == 0, "wgmma token widths are multiples of 16");
 };
 
-// Accumulators per tile and thread: N / 2 for N token columns, at most the block's.
-constexpr int kWgmmaAcc = CfgM144W::BLOCK_M / 2;
-static_assert(CfgM144W::BLOCK_M % 16 == 0, "wgmma token widths are multiples of 16");
-template <int N, class T>
-struct Wgmma {
-  __device__ static void run(float (&d)[kWgmmaAcc], const uint32_t (&a)[4], uint64_t desc);
-};
+// wgmma m64nNk16 with A from registers; ACC: accumulators per tile and thread (BLOCK_M / 2), of
+// which N / 2 hold the N token columns.
+template <class T, int N, int ACC>
+struct WgmmaRS;
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WNA16_HAVE_WGMMA 1
 #include "cuda/sm90_wgmma_rs.inc"
@@ -159,25 +148,45 @@ __device__ __forceinline__ void tma_tile_g2s(uint32_t dst, const CUtensorMap* ma
 }
 
 // One k-step's 2 wgmmas (tile 0 and tile 1 of each warp) with N = 16 * NSEL token columns.
-template <int NSEL, class T>
-__device__ __forceinline__ void prefill_mma_step(float (&acc)[2][kWgmmaAcc], const uint32_t (&a)[2][4], uint64_t desc) {
+template <int NSEL, class T, int ACC>
+__device__ __forceinline__ void prefill_mma_step(float (&acc)[2][ACC], const uint32_t (&a)[2][4], uint64_t desc) {
 #ifdef WNA16_HAVE_WGMMA
-  Wgmma<16 * NSEL, T>::run(acc[0], a[0], desc);
-  Wgmma<16 * NSEL, T>::run(acc[1], a[1], desc);
+  WgmmaRS<T, 16 * NSEL, ACC>::run(acc[0], a[0], desc);
+  WgmmaRS<T, 16 * NSEL, ACC>::run(acc[1], a[1], desc);
 #endif
+}
+// The k-step with the token width of the m-block (nsel sixteen-column groups, 1..BM / 16): every
+// case holds a whole fence / 2 wgmmas / commit (see the NOTE in the kernel).
+template <int BM, class T, int ACC>
+__device__ __forceinline__ void prefill_mma_step_n(int nsel, float (&acc)[2][ACC], const uint32_t (&a)[2][4], uint64_t desc) {
+  static_assert(BM / 16 >= 2 && BM / 16 <= 9, "the token-width switch covers 1..9 sixteen-column groups");
+  // Full m-blocks (most of them at large M) first: one compare instead of the switch's.
+  if (nsel >= BM / 16) {
+    wgmma_fence(); prefill_mma_step<BM / 16, T>(acc, a, desc); wgmma_commit();
+  } else switch (nsel) {
+    case 1: wgmma_fence(); prefill_mma_step<1, T>(acc, a, desc); wgmma_commit(); break;
+    case 2: if constexpr (BM / 16 > 2) { wgmma_fence(); prefill_mma_step<2, T>(acc, a, desc); wgmma_commit(); } break;
+    case 3: if constexpr (BM / 16 > 3) { wgmma_fence(); prefill_mma_step<3, T>(acc, a, desc); wgmma_commit(); } break;
+    case 4: if constexpr (BM / 16 > 4) { wgmma_fence(); prefill_mma_step<4, T>(acc, a, desc); wgmma_commit(); } break;
+    case 5: if constexpr (BM / 16 > 5) { wgmma_fence(); prefill_mma_step<5, T>(acc, a, desc); wgmma_commit(); } break;
+    case 6: if constexpr (BM / 16 > 6) { wgmma_fence(); prefill_mma_step<6, T>(acc, a, desc); wgmma_commit(); } break;
+    case 7: if constexpr (BM / 16 > 7) { wgmma_fence(); prefill_mma_step<7, T>(acc, a, desc); wgmma_commit(); } break;
+    default: if constexpr (BM / 16 > 8) { wgmma_fence(); prefill_mma_step<8, T>(acc, a, desc); wgmma_commit(); } break;
+  }
 }
 
 // x_map (x_tma != 0: GEMM2 with the k-permuted intermediate): the token tile by the copy engine,
 // one tensor copy per chunk from thread 0 on the stage's mbarrier; else per-thread cp.async.
 // NOTE: per-row tensor copies (144 per chunk) were tried for GEMM1's gathered rows: 3x slower.
-template <class T, int BITS>
-__global__ void __launch_bounds__(CfgM144W::THREADS, 1)
+template <class C, class T, int BITS>
+__global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     wna16_moe_prefill_kernel(const KParams p, const __grid_constant__ CUtensorMap x_map, const int x_tma) {
 #ifdef WNA16_HAVE_WGMMA
-  using S = PrefillSmem<BITS>;
+  using S = PrefillSmem<C, BITS>;
   constexpr int U = S::U, STAGES = S::STAGES, PF = STAGES - 2;
-  constexpr int BM = CfgM144W::BLOCK_M, NTB = CfgM144W::NTB;
-  constexpr int XROWS = CfgM144W::XROWS;
+  constexpr int BM = C::BLOCK_M, NTB = C::NTB;
+  constexpr int XROWS = C::XROWS;
+  constexpr int ACC = BM / 2;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_src[BM];   // x row feeding each token column; -1: padding
   __shared__ int s_slot[BM];  // slot (token * topk + choice) of each column; -1: padding
@@ -284,7 +293,6 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1)
     };
 
     const int nsel = (nvalid + 15) >> 4;  // token columns / 16 of the wgmmas (1..BM / 16)
-    static_assert(BM / 16 == 9, "the token-width switch below covers 1..9 sixteen-column groups");
 
 #pragma unroll
     for (int s = 0; s < PF; ++s) {
@@ -295,11 +303,11 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1)
     // fence / 2 wgmmas / commit. Tried and rejected (ptxas 13.0 serialised the wgmmas): a switch
     // around the wgmmas only (C7520, compiler-inserted arrive in a divergent path); one k-loop
     // copy per width (C7511 / C7512 / C7515: register pressure of the copies, moves at the merge).
-    float acc[2][kWgmmaAcc];
+    float acc[2][ACC];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int e = 0; e < kWgmmaAcc; ++e) acc[i][e] = 0.0f;
+      for (int e = 0; e < ACC; ++e) acc[i][e] = 0.0f;
     uint32_t a[2][2][4];  // [k-step buffer][tile][register]
     int st = 0, st_load = PF;  // stage of chunk kt, stage of chunk kt + PF
     for (int kt = 0; kt < nk; ++kt) {
@@ -338,19 +346,7 @@ __global__ void __launch_bounds__(CfgM144W::THREADS, 1)
           wgmma_wait<1>();
 #pragma unroll
           for (int i = 0; i < 2; ++i) dequant<T, BITS>(wv[i], s, meta[i], a[s & 1][i]);
-          // Full m-blocks (most of them at large M) first: one compare instead of the switch's.
-          if (nsel >= 9) {
-            wgmma_fence(); prefill_mma_step<9, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit();
-          } else switch (nsel) {
-            case 1: wgmma_fence(); prefill_mma_step<1, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
-            case 2: wgmma_fence(); prefill_mma_step<2, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
-            case 3: wgmma_fence(); prefill_mma_step<3, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
-            case 4: wgmma_fence(); prefill_mma_step<4, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
-            case 5: wgmma_fence(); prefill_mma_step<5, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
-            case 6: wgmma_fence(); prefill_mma_step<6, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
-            case 7: wgmma_fence(); prefill_mma_step<7, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
-            default: wgmma_fence(); prefill_mma_step<8, T>(acc, a[s & 1], desc + uint64_t(2 * s)); wgmma_commit(); break;
-          }
+          prefill_mma_step_n<BM, T>(nsel, acc, a[s & 1], desc + uint64_t(2 * s));
         }
       }
       st = st + 1 == STAGES ? 0 : st + 1;
@@ -417,7 +413,7 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
     WNA16_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    if (q != cudaDriverEntryPointSuccess || !fn) throw Error("tile config m144w: the driver has no cuTensorMapEncodeTiled");
+    if (q != cudaDriverEntryPointSuccess || !fn) throw Error("the wgmma tile configs: the driver has no cuTensorMapEncodeTiled");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   return encode;
@@ -426,7 +422,7 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 inline void encode_x_tile_map(CUtensorMap* map, const void* x, int64_t K, int64_t rows, int64_t stride, int box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || (stride * 2) % 16 != 0 || K % 64 != 0 || rows < 1 || rows > (int64_t(1) << 32))
-    throw Error("tile config m144w: x (K=" + std::to_string(K) + ", " + std::to_string(rows) + " rows, stride " +
+    throw Error("wgmma tile config: x (K=" + std::to_string(K) + ", " + std::to_string(rows) + " rows, stride " +
                 std::to_string(stride) + ") cannot be a tensor map (16-byte rows and base needed)");
   const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(stride * 2)};
@@ -434,56 +430,56 @@ inline void encode_x_tile_map(CUtensorMap* map, const void* x, int64_t K, int64_
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(x), dims, strides, box, elem,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) throw Error("tile config m144w: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+  if (r != CUDA_SUCCESS) throw Error("wgmma tile config: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
 }
 
 // Once per instantiation: shared-memory limit and blocks per SM (graph capture never hits a
 // first-use cudaFuncSetAttribute: prepare_moe_gemm calls this at layer construction).
-template <class T, int BITS>
+template <class C, class T, int BITS>
 int prepare_prefill() {
-  using S = PrefillSmem<BITS>;
+  using S = PrefillSmem<C, BITS>;
   static int blocks_per_sm = 0;
   static std::once_flag once;
   std::call_once(once, [] {
-    auto kern = wna16_moe_prefill_kernel<T, BITS>;
+    auto kern = wna16_moe_prefill_kernel<C, T, BITS>;
     const DeviceInfo di = device_info();
     if (S::kBytes > di.max_smem_optin)
-      throw Error("tile config m144w needs " + std::to_string(S::kBytes) + " bytes of shared memory; the device allows " +
+      throw Error(std::string("tile config ") + C::NAME + " needs " + std::to_string(S::kBytes) + " bytes of shared memory; the device allows " +
                   std::to_string(di.max_smem_optin));
     WNA16_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
     int has_wgmma = 0;
     WNA16_CUDA_CHECK(cudaMemcpyFromSymbol(&has_wgmma, kPrefillHasWgmma, sizeof(int)));
     if (!has_wgmma)
-      throw Error("tile config m144w needs the sm_90a build (wgmma); this binary's code for the device has none");
+      throw Error(std::string("tile config ") + C::NAME + " needs the sm_90a build (wgmma); this binary's code for the device has none");
     int n = 0;
-    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, CfgM144W::THREADS, S::kBytes));
-    if (n < 1) throw Error("tile config m144w cannot be resident on this device");
+    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::THREADS, S::kBytes));
+    if (n < 1) throw Error(std::string("tile config ") + C::NAME + " cannot be resident on this device");
     blocks_per_sm = n;
     tensor_map_encoder();
   });
   return blocks_per_sm;
 }
 
-template <class T, int BITS>
+template <class C, class T, int BITS>
 void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream) {
-  using S = PrefillSmem<BITS>;
+  using S = PrefillSmem<C, BITS>;
   // The bulk copies of the scales (and zeros) need 16-byte aligned groups (packer-owned buffers).
   auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   if (!aligned16(kp.scales) || (kp.zeros && !aligned16(kp.zeros)) || kp.meta_stride % 4 != 0 || kp.NT % 2 != 0)
-    throw Error("tile config m144w: scales/zeros not 16-byte aligned per group (meta_stride=" +
+    throw Error(std::string("tile config ") + C::NAME + ": scales/zeros not 16-byte aligned per group (meta_stride=" +
                 std::to_string(kp.meta_stride) + ", NT=" + std::to_string(kp.NT) + ")");
-  const int bps = prepare_prefill<T, BITS>();
+  const int bps = prepare_prefill<C, T, BITS>();
   // GEMM2 over the k-permuted intermediate of known extent: the token tile by one tensor copy per
   // chunk.
   CUtensorMap x_map{};
   const int x_tma = kp.epilogue == 1 && kp.x_kperm && kp.x_rows > 0 ? 1 : 0;
-  if (x_tma) encode_x_tile_map(&x_map, kp.x, kp.K, kp.x_rows, kp.x_stride, CfgM144W::BLOCK_M);
-  const int64_t nb_count = (kp.NT + CfgM144W::NTB - 1) / CfgM144W::NTB;
+  if (x_tma) encode_x_tile_map(&x_map, kp.x, kp.K, kp.x_rows, kp.x_stride, C::BLOCK_M);
+  const int64_t nb_count = (kp.NT + C::NTB - 1) / C::NTB;
   const int64_t upper = upper_mblocks * nb_count * kp.splits;
   // Up to 4 waves of resident blocks (one item each, the hardware balances uneven SMs); beyond
   // that the persistent loop.
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, 4 * int64_t(device_info().sms) * bps));
-  wna16_moe_prefill_kernel<T, BITS><<<dim3(unsigned(grid)), dim3(CfgM144W::THREADS), S::kBytes, stream>>>(kp, x_map, x_tma);
+  wna16_moe_prefill_kernel<C, T, BITS><<<dim3(unsigned(grid)), dim3(C::THREADS), S::kBytes, stream>>>(kp, x_map, x_tma);
   WNA16_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,11 +1,15 @@
-// Instantiations of the wgmma prefill kernel (config m144w) for 4-bit weights, both activation types.
+// Instantiations of the wgmma kernel (configs m64w and m144w) for 4-bit weights, both activation types.
 #include "cuda/sm90_wna16_moe_prefill.cuh"
 
 namespace wna16::cuda::gemm {
 
-template int prepare_prefill<__half, 4>();
-template int prepare_prefill<__nv_bfloat16, 4>();
-template void launch_prefill<__half, 4>(const KParams&, int64_t, cudaStream_t);
-template void launch_prefill<__nv_bfloat16, 4>(const KParams&, int64_t, cudaStream_t);
+#define WNA16_PREFILL_INSTANTIATE(C, T)   \
+  template int prepare_prefill<C, T, 4>(); \
+  template void launch_prefill<C, T, 4>(const KParams&, int64_t, cudaStream_t);
+WNA16_PREFILL_INSTANTIATE(CfgM64W, __half)
+WNA16_PREFILL_INSTANTIATE(CfgM64W, __nv_bfloat16)
+WNA16_PREFILL_INSTANTIATE(CfgM144W, __half)
+WNA16_PREFILL_INSTANTIATE(CfgM144W, __nv_bfloat16)
+#undef WNA16_PREFILL_INSTANTIATE
 
 }  // namespace wna16::cuda::gemm

@@ -428,38 +428,40 @@ int config_named(const char* name) {
   return -1;
 }
 
-// The wgmma prefill kernel (config m144w) with diagnostics: on a mismatch it prints the first bad
+// The wgmma kernel (configs m64w and m144w) with diagnostics: on a mismatch it prints the first bad
 // (padded position, token, column) entries and how the bad ones spread over the token column of
 // the m-block and the output column, so a fragment / swizzle / k-permutation bug shows its pattern
 // from one GPU run. Token counts: several m-blocks per expert, one and both 64-token halves, a
 // 16-token tail; int4 and int8, bf16 and f16, sym and asym, per-lane groups (32) and long ones.
 TEST(MoeGemm, PrefillWgmmaDiagnostics) {
   WNA16_REQUIRE_GPU();
-  const int config = config_named("m144w");
-  ASSERT_GE(config, 0) << "config m144w is not in the table";
-  const struct {
-    int bits;
-    DType act;
-    int64_t gl;
-    bool zeros;
-    int64_t M;
-  } cases[] = {
-      {4, DType::BF16, 64, false, 300}, {4, DType::F16, 32, true, 190}, {8, DType::BF16, 128, true, 97},
-      {8, DType::F16, 0, false, 257},   {4, DType::BF16, 0, true, 9},
-  };
-  for (const auto& k : cases)
-    for (int mode = 0; mode < 3; ++mode) {  // natural x (4-byte token copies), k-permuted x (16-byte),
-                                            // k-permuted with GEMM2's extent (one tensor copy per chunk)
-      GemmCase c{k.bits, k.act, k.gl, k.zeros, config, k.M};
-      c.diag = true;
-      c.kperm = mode > 0;
-      c.x_extent = mode == 2;
-      std::printf("[ prefill ] %s\n", describe(c).c_str());
-      run_gemm_case(c);
-      c.splits = 3;  // split-K of GEMM2 (atomics of partial sums)
-      std::printf("[ prefill ] %s\n", describe(c).c_str());
-      run_gemm_case(c);
-    }
+  for (const char* name : {"m64w", "m144w"}) {
+    const int config = config_named(name);
+    ASSERT_GE(config, 0) << "config " << name << " is not in the table";
+    const struct {
+      int bits;
+      DType act;
+      int64_t gl;
+      bool zeros;
+      int64_t M;
+    } cases[] = {
+        {4, DType::BF16, 64, false, 300}, {4, DType::F16, 32, true, 190}, {8, DType::BF16, 128, true, 97},
+        {8, DType::F16, 0, false, 257},   {4, DType::BF16, 0, true, 9},
+    };
+    for (const auto& k : cases)
+      for (int mode = 0; mode < 3; ++mode) {  // natural x (4-byte token copies), k-permuted x (16-byte),
+                                              // k-permuted with GEMM2's extent (one tensor copy per chunk)
+        GemmCase c{k.bits, k.act, k.gl, k.zeros, config, k.M};
+        c.diag = true;
+        c.kperm = mode > 0;
+        c.x_extent = mode == 2;
+        std::printf("[ prefill ] %s\n", describe(c).c_str());
+        run_gemm_case(c);
+        c.splits = 3;  // split-K of GEMM2 (atomics of partial sums)
+        std::printf("[ prefill ] %s\n", describe(c).c_str());
+        run_gemm_case(c);
+      }
+  }
 }
 
 // Host-side only (runs without a GPU too): no CUDA call happens before the refusal.

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Writes src/cuda/sm90_wgmma_rs.inc: wgmma.mma_async m64nNk16 wrappers (A from registers, B from a
-shared-memory descriptor, fp32 accumulators) for N = 16..NMAX in steps of 16, f16 and bf16; the
-accumulator array is kWgmmaAcc = NMAX / 2 floats (sm90_wna16_moe_prefill.cuh; NMAX = the m144w
-config's BLOCK_M). Run from the repository root: python3 tools/gen/gen_wgmma.py"""
+shared-memory descriptor, fp32 accumulators) for N = 16..NMAX in steps of 16, f16 and bf16, as
+partial specialisations WgmmaRS<T, N, ACC> over the accumulator array's length ACC >= N / 2 (the
+wgmma configs' BLOCK_M / 2, sm90_wna16_moe_prefill.cuh; NMAX = the largest BLOCK_M). Run from the
+repository root: python3 tools/gen/gen_wgmma.py"""
 NMAX = 144
 NS = list(range(16, NMAX + 1, 16))
 out = []
@@ -18,9 +19,12 @@ for ty in ("f16", "bf16"):
         asm = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{dlist}}}, "
                f"{{%{a0}, %{a0+1}, %{a0+2}, %{a0+3}}}, %{a0+4}, 1, 1, 1, 0;\\n")
         outs = ", ".join(f'"+f"(d[{i}])' for i in range(nd))
-        out.append(f"template <>\n__device__ __forceinline__ void Wgmma<{n}, {'__nv_bfloat16' if ty == 'bf16' else '__half'}>::run(float (&d)[kWgmmaAcc], const uint32_t (&a)[4], uint64_t desc) {{\n")
+        t = '__nv_bfloat16' if ty == 'bf16' else '__half'
+        out.append(f"template <int ACC>\nstruct WgmmaRS<{t}, {n}, ACC> {{\n")
+        out.append(f"  static_assert(ACC >= {nd}, \"the accumulator array holds N / 2 floats per thread\");\n")
+        out.append(f"  __device__ __forceinline__ static void run(float (&d)[ACC], const uint32_t (&a)[4], uint64_t desc) {{\n")
         out.append(f'  asm volatile("{asm}"\n')
         out.append(f"               : {outs}\n")
         out.append(f'               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));\n')
-        out.append("}\n")
+        out.append("  }\n};\n")
 open("src/cuda/sm90_wgmma_rs.inc", "w").write("".join(out))

@@ -40,25 +40,25 @@ constexpr ConfigRow kConfigs[] = {
     {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, 20.0, 8.0},
     // Staged kernel, 32-token blocks: act-order layers that keep their own gather, 9-40 per expert.
     {"m32", gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N, true, false, kNever, 40.0},
-    // Staged kernel, 64-token blocks: 21-63 per expert, and every size of act-order with its own
-    // gather above 40. The wgmma kernel is slower there: at 32-34 per expert (2026-12-02, 8a57ee7,
-    // us m64 / m144w: DeepSeek-V3 M=1024 5650 / 7056, Mixtral M=128 779 / 911, Qwen3 M=512 350 /
-    // 450, Qwen1.5 M=512 469 / 519), at 48-52 (Mixtral M=208 929 / 1010; Qwen3 M=768 391 / 496;
-    // DeepSeek-V2-Lite M=512 431 / 492).
-    {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, 64.0 - 1e-9, kAny},
-    // The wgmma kernel with 64-token blocks, two per SM. No act-order gather.
-    {"m64w", gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, kNever, kNever},
-    // Hopper wgmma prefill kernel (144-token blocks, bulk copies) from 64 per expert: faster or
-    // level at 64-72 (us m64 / m144w: Mixtral M=256 1127 / 1048, 2026-12-02 again 1123 / 1052;
-    // DeepSeek-V2-Lite M=768 657 / 571; Qwen3 M=1024 541 / 537, again 537 / 536; Qwen1.5-MoE
-    // M=1024 655 / 654, again 795 / 653 at 68 routed per expert). No act-order gather.
+    // Staged kernel, 64-token blocks: act-order with its own gather above 40 per expert.
+    {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, kNever, kAny},
+    // The wgmma kernel with 64-token blocks, two per SM: 21-64 per expert. Against the staged m64
+    // and m144w (2026-12-02, 14fd75e, us m64 / m64w / m144w): DeepSeek-V3 M=1024 (32 per expert)
+    // 5651 / 5064 / 6998, Mixtral M=128 (32) 772 / 766 / 903, Qwen3-30B-A3B M=512 (32) 348 / 326 /
+    // 449, DeepSeek-V2-Lite M=256 (24) 334 / 329 / 439 and M=512 (48) 430 / 381 / 490; at 64 per
+    // expert Qwen3 M=1024 535 / 486 / 531, Mixtral M=256 1119 / 1045 / 1040. No act-order gather.
+    {"m64w", gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, 64.0, kNever},
+    // The wgmma kernel with 144-token blocks (one per SM) above 64 per expert: Qwen1.5-MoE M=1024
+    // (68) 671 / 647 us (m64w / m144w), DeepSeek-V2-Lite M=1024 (96) 670 / 585, Mixtral M=512 (128)
+    // 1698 / 1258 (2026-12-02, 14fd75e). No act-order gather.
     {"m144w", gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, kAny, kNever},
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 static_assert(kConfigs[0].block_m < kConfigs[1].block_m && kConfigs[1].block_m < kConfigs[2].block_m &&
                   kConfigs[2].block_m <= kConfigs[3].block_m && kConfigs[3].block_m < kConfigs[4].block_m,
               "configs are ordered by BLOCK_M; the largest sizes the workspace");
-static_assert(kConfigs[2].max_plain > 0 && kConfigs[2].max_gather >= kAny, "m64 is the fallback of every call");
+static_assert(kConfigs[2].max_gather >= kAny && kConfigs[4].max_plain >= kAny,
+              "m64 takes every act-order call with its own gather, m144w every plain one, that rows before do not");
 
 int g_forced_config = -1;  // force_gemm_config
 
@@ -84,7 +84,7 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather) {
   const double per_expert = double(M) * double(topk) / active;
   for (int c = 0; c < kNumConfigs; ++c)
     if (per_expert <= (staged_gather ? kConfigs[c].max_gather : kConfigs[c].max_plain)) return c;
-  return 2;  // unreachable: m64 takes every call the rows before it do not
+  return staged_gather ? 2 : 4;  // unreachable: m64 / m144w take every call the rows before do not
 }
 
 void force_gemm_config(int config) {

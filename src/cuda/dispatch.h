@@ -14,7 +14,7 @@ namespace wna16::cuda {
 // ---- the kernel table --------------------------------------------------------------------------
 // Rows ordered by BLOCK_M (the largest sizes the workspace): m8 the decode kernel (weights streamed
 // straight into registers), m32 / m64 the staged mma.sync kernel (the only one with the act-order
-// gather of its own), m144w the Hopper wgmma prefill kernel (no act-order gather).
+// gather of its own), m64w / m144w the Hopper wgmma kernel (no act-order gather).
 int gemm_config_count();
 int gemm_config_block_m(int config);
 int gemm_config_block_n(int config);

@@ -10,7 +10,21 @@ endif()
 
 set(WNA16_PY_DIR ${CMAKE_BINARY_DIR}/python/wna16)
 file(GLOB WNA16_TORCH_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/python/wna16/csrc/*.cpp)
+# The CUDA kernels of the ops where both the library and Torch have CUDA (a pip/conda CUDA
+# Torch: CMAKE_PREFIX_PATH=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'));
+# otherwise ops_cuda_pending.cpp, which refuses CUDA tensors naming the build.
+if(TARGET wna16_cuda AND TORCH_CUDA_LIBRARIES)
+  set(WNA16_TORCH_CUDA ON)
+  list(REMOVE_ITEM WNA16_TORCH_SOURCES ${CMAKE_SOURCE_DIR}/python/wna16/csrc/ops_cuda_pending.cpp)
+else()
+  set(WNA16_TORCH_CUDA OFF)
+  list(REMOVE_ITEM WNA16_TORCH_SOURCES ${CMAKE_SOURCE_DIR}/python/wna16/csrc/ops_cuda.cpp)
+endif()
+message(STATUS "wna16: PyTorch extension, CUDA kernels: ${WNA16_TORCH_CUDA}")
 add_library(wna16_torch MODULE ${WNA16_TORCH_SOURCES})
+if(WNA16_TORCH_CUDA)
+  target_compile_definitions(wna16_torch PRIVATE WNA16_TORCH_CUDA=1)
+endif()
 set_target_properties(wna16_torch PROPERTIES OUTPUT_NAME _C PREFIX "" SUFFIX ".so"
                                              LIBRARY_OUTPUT_DIRECTORY ${WNA16_PY_DIR})
 target_include_directories(wna16_torch PRIVATE ${CMAKE_SOURCE_DIR}/python/wna16/csrc)

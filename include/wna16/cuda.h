@@ -27,6 +27,14 @@ class CudaMoeLayer {
   // misaligned one is refused (Error) before anything is launched.
   void forward(const void* x, void* out, int64_t M, DType act, void* workspace, size_t workspace_size,
                Stream stream) const;
+  // The layer without its router, for callers that route themselves (an inference engine):
+  // out[m] = sum_j topk_weights[m, j] * expert_{topk_ids[m, j]}(x[m]) (+ the shared expert, as in
+  // forward). topk_ids: device int32 [M, top_k] in [0, E); topk_weights: device fp32 [M, top_k];
+  // top_k must equal the layer's (Error otherwise). x, out, workspace as in forward; same stream
+  // rules (no host synchronisation, capturable). The ids are not checked on the device (that
+  // would need a host round trip): an id outside [0, E) adds nothing to its token's output.
+  void forward_routed(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k, void* out,
+                      int64_t M, DType act, void* workspace, size_t workspace_size, Stream stream) const;
   // Baseline for the benchmark only: the same math with one GEMM launch per expert that received
   // tokens (the per-expert-loop pattern the single launch replaces). May synchronise the stream.
   void forward_per_expert_loop(const void* x, void* out, int64_t M, DType act, void* workspace,

@@ -1,7 +1,8 @@
 """wna16: MoE layers of GPTQ/AWQ-quantized models as PyTorch custom ops (torch.ops.wna16).
 
-The ops run on the wna16 library's backends; this version registers CPU kernels only (CUDA
-dispatch is not built yet: a CUDA tensor gets an error saying so). Weights are packed once, into
+The ops run on the wna16 library's backends: CPU tensors on its CPU backend, CUDA tensors on its
+CUDA layer (on PyTorch's current stream, capturable in torch.cuda.CUDAGraph; built where Torch
+has CUDA, else a CUDA tensor gets an error naming the build). Weights are packed once, into
 a ``torch.classes.wna16.MoeWeights`` object, by :func:`pack` (checkpoint-layout tensors) or
 :meth:`MoeLayer.from_checkpoint` (a Hugging Face model directory); every call then reuses them.
 
@@ -78,7 +79,8 @@ def moe(x, topk_ids, topk_weights, weights, out=None):
     x: bfloat16 or float16 (float32 is computed in bfloat16, as ``wna16 run`` does); topk_ids int32
     or int64 [M, k] (k in [1, E], not necessarily the layer's top_k); topk_weights float [M, k].
     Non-contiguous x, ids or weights are copied; ``out`` (a tensor like x to write into) must be
-    contiguous. The shared expert, if the weights have one, is added as in the whole layer; pack
+    contiguous. On CUDA, k must be the layer's top_k, and the ids' range is checked (a device-to-host
+    copy) except while a CUDA graph is being captured: there an id outside [0, E) adds nothing. The shared expert, if the weights have one, is added as in the whole layer; pack
     without ``shared`` when the caller runs it separately. Inference only: no autograd.
     """
     if out is None:

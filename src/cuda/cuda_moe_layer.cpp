@@ -37,6 +37,7 @@
 
 #include "common/knobs.h"
 #include "cuda/cuda_check.h"
+#include "cuda/dev_buf.h"
 #include "cuda/dispatch.h"
 #include "cuda/moe_gemm.h"
 #include "cuda/moe_layer_kernels.h"
@@ -49,29 +50,6 @@
 
 namespace wna16::cuda {
 namespace {
-
-// A device allocation owned by the layer.
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  DevBuf() = default;
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() {
-    if (p) cudaFree(p);
-  }
-  void alloc(size_t n) {
-    if (p) cudaFree(p);
-    p = nullptr;
-    bytes = n;
-    if (n) WNA16_CUDA_CHECK(cudaMalloc(&p, n));
-  }
-  template <class V>
-  void upload(const std::vector<V>& v) {
-    alloc(v.size() * sizeof(V));
-    if (bytes) WNA16_CUDA_CHECK(cudaMemcpy(p, v.data(), bytes, cudaMemcpyHostToDevice));
-  }
-};
 
 // Stable argsort of g_idx: the act-order channel order. Empty when it is the identity.
 std::vector<int32_t> act_order_perm(const UnpackedLinear& u) {
@@ -201,19 +179,35 @@ struct CudaMoeLayer::Impl {
     float* acc = nullptr;      // the fp32 top-k sum
     const float* w2 = nullptr;  // routing weights of every slot (shared slices included)
   };
+  // The caller's routing (forward_routed): device [M, k] ids and weights.
+  struct Given {
+    const int32_t* ids = nullptr;
+    const float* weights = nullptr;
+  };
   // Returns false (nothing launched) for M = 0. gemm_routing: the caller's GEMMs route the token
   // themselves where the plan says so (forward does; the per-expert loop needs the tables).
+  // given: the caller's routing replaces the router and the routing kernel.
   bool begin_call(const void* x, const void* out, int64_t M, DType act, void* workspace, size_t workspace_size,
-                  Stream stream, Call* c, bool gemm_routing) const {
+                  Stream stream, Call* c, bool gemm_routing, const Given* given = nullptr) const {
     check_call(x, out, M, act, workspace, workspace_size, &c->L, &c->plan);
     if (M == 0) return false;
     c->st = static_cast<cudaStream_t>(stream);
     c->ws = static_cast<char*>(workspace);
     c->acc = reinterpret_cast<float*>(c->ws + c->L.acc);
     c->w2 = reinterpret_cast<const float*>(c->ws + (S > 0 ? c->L.w2 : c->L.w));
-    route_and_align(x, M, act, c->ws, c->L, c->plan, c->st, gemm_routing && c->plan.gemm_routes);
+    if (given) {
+      // No router logits and no routing kernel to take the tables from.
+      c->plan.gemm_routes = c->plan.route_align = false;
+      given_and_align(x, M, act, *given, c->ws, c->L, c->plan, c->st);
+    } else {
+      route_and_align(x, M, act, c->ws, c->L, c->plan, c->st, gemm_routing && c->plan.gemm_routes);
+    }
     return true;
   }
+  void given_and_align(const void* x, int64_t M, DType act, const Given& g, char* ws, const Workspace& L,
+                       const LayerPlan& plan, cudaStream_t st) const;
+  // GEMM1 -> GEMM2 -> cast, after begin_call (forward and forward_routed).
+  void run_gemms(const void* x, void* out, int64_t M, DType act, const Call& c) const;
   // The GEMM launch fields both stages share: the align outputs in the workspace drive the grid.
   GemmRun align_driven_run(DType act, int config, int64_t M, char* ws, const Workspace& L) const {
     GemmRun r;
@@ -614,11 +608,49 @@ size_t CudaMoeLayer::workspace_bytes(int64_t max_m) const {
 
 size_t CudaMoeLayer::weight_bytes() const { return impl_->weight_bytes; }
 
+// The caller's slots (a plain launch that also zero-fills what the router launch would), then
+// align as after the routing kernel.
+void CudaMoeLayer::Impl::given_and_align(const void* x, int64_t M, DType act, const Given& g, char* ws,
+                                         const Workspace& L, const LayerPlan& plan, cudaStream_t st) const {
+  const int64_t zero_n = (L.zero_end - L.acc) / 4;
+  const void* gate_row =
+      gated ? static_cast<const char*>(router.p) + int64_t(E) * H * (router_dtype == DType::BF16 ? 2 : 4) : nullptr;
+  int32_t* ids2 = slot_ids(ws, L);
+  launch_given_slots(x, act, M, H, g.ids, g.weights, k, E, S, gate_row, router_dtype, ids2,
+                     reinterpret_cast<float*>(ws + (S > 0 ? L.w2 : L.w)), reinterpret_cast<float*>(ws + L.acc), zero_n,
+                     st);
+  stage_done("given routing", st);
+  if (plan.shared_rows_first) {
+    launch_gather_slots(x, M, H, nullptr, k2, g1.perm, E2, ws + L.xgather, false, st, k, k2);
+    stage_done("act-order gather (shared slices)", st);
+  }
+  launch_align(ids2, M * k2, E2, gemm_config_block_m(plan.config), reinterpret_cast<int32_t*>(ws + L.sorted),
+               reinterpret_cast<int32_t*>(ws + L.eids), reinterpret_cast<int32_t*>(ws + L.ntpp), st);
+  stage_done("align", st);
+}
+
 void CudaMoeLayer::forward(const void* x, void* out, int64_t M, DType act, void* workspace, size_t workspace_size,
                            Stream stream) const {
-  const Impl& d = *impl_;
   Impl::Call c;
-  if (!d.begin_call(x, out, M, act, workspace, workspace_size, stream, &c, true)) return;
+  if (impl_->begin_call(x, out, M, act, workspace, workspace_size, stream, &c, true)) impl_->run_gemms(x, out, M, act, c);
+}
+
+void CudaMoeLayer::forward_routed(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k,
+                                  void* out, int64_t M, DType act, void* workspace, size_t workspace_size,
+                                  Stream stream) const {
+  if (top_k != impl_->k)
+    throw Error(fmt::format("forward_routed: top_k={} differs from the layer's top_k={} (the CUDA backend takes the "
+                            "layer's)",
+                            top_k, impl_->k));
+  if (M > 0 && (!topk_ids || !topk_weights)) throw Error("forward_routed: topk_ids or topk_weights is null");
+  const Impl::Given g{topk_ids, topk_weights};
+  Impl::Call c;
+  if (impl_->begin_call(x, out, M, act, workspace, workspace_size, stream, &c, false, &g))
+    impl_->run_gemms(x, out, M, act, c);
+}
+
+void CudaMoeLayer::Impl::run_gemms(const void* x, void* out, int64_t M, DType act, const Call& c) const {
+  const Impl& d = *this;
   const Workspace& L = c.L;
   const LayerPlan& plan = c.plan;
   const cudaStream_t st = c.st;
@@ -737,73 +769,4 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
   launch_cast_out(c.acc, out, act, M * d.H, c.st);
 }
 
-// ---- backend adapter ---------------------------------------------------------------------------
-namespace {
-
-class CudaBackendLayer final : public MoeBackendLayer {
- public:
-  CudaBackendLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w) : layer_(spec, w), H_(spec.hidden) {}
-  Device device() const override { return Device::Cuda; }
-
-  void forward_host(const void* x, void* out, int64_t M, DType dtype) override {
-    if (M < 0) throw Error(fmt::format("M={} is negative", M));
-    const DType act = dtype == DType::F32 ? DType::BF16 : dtype;  // f32 in: rounded to bf16, as the CPU backend
-    const size_t n = size_t(M * H_);
-    std::vector<uint16_t> xin;
-    const void* xsrc = x;
-    if (dtype == DType::F32) {
-      xin.resize(n);
-      const float* xf = static_cast<const float*>(x);
-      for (size_t i = 0; i < n; ++i) xin[i] = float_to_bf16(xf[i]);
-      xsrc = xin.data();
-    }
-    ensure(M);
-    if (n) WNA16_CUDA_CHECK(cudaMemcpy(x_.p, xsrc, n * 2, cudaMemcpyHostToDevice));
-    layer_.forward(x_.p, out_.p, M, act, ws_.p, ws_.bytes, nullptr);
-    WNA16_CUDA_CHECK(cudaGetLastError());
-    WNA16_CUDA_CHECK(cudaDeviceSynchronize());
-    if (dtype == DType::F32) {
-      std::vector<uint16_t> o(n);
-      if (n) WNA16_CUDA_CHECK(cudaMemcpy(o.data(), out_.p, n * 2, cudaMemcpyDeviceToHost));
-      float* of = static_cast<float*>(out);
-      for (size_t i = 0; i < n; ++i) of[i] = bf16_to_float(o[i]);
-    } else if (n) {
-      WNA16_CUDA_CHECK(cudaMemcpy(out, out_.p, n * 2, cudaMemcpyDeviceToHost));
-    }
-  }
-
- private:
-  void ensure(int64_t M) {
-    if (M <= cap_) return;
-    cap_ = std::max<int64_t>(M, 2 * cap_);
-    x_.alloc(size_t(cap_ * H_ * 2));
-    out_.alloc(size_t(cap_ * H_ * 2));
-    ws_.alloc(layer_.workspace_bytes(cap_));
-  }
-  CudaMoeLayer layer_;
-  int64_t H_;
-  int64_t cap_ = 0;
-  DevBuf x_, out_, ws_;
-};
-
-}  // namespace
 }  // namespace wna16::cuda
-
-namespace wna16 {
-
-bool cuda_available() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-std::unique_ptr<MoeBackendLayer> make_cuda_layer(const MoeLayerSpec& spec, const MoeLayerWeights& w) {
-  if (!cuda_available())
-    throw Error("no CUDA GPU is present (cudaGetDeviceCount found none); use --device cpu");
-  return std::make_unique<cuda::CudaBackendLayer>(spec, w);
-}
-
-}  // namespace wna16

@@ -43,6 +43,16 @@ void launch_routing_with_shared(const RoutingConfig& cfg, const float* logits, i
                                 const float* gate_logit, int S, int32_t* ids2, float* weights2, Stream stream,
                                 const RoutingAlignOut& align = {}, bool release_late = false);
 
+// Caller-owned routing: ids2 / weights2 as launch_routing_with_shared writes them ([M, k + S],
+// routed ids offset by S, shared slice s at k + s with weight 1, or sigmoid(x . gate_row) when
+// gate_row is given: the router's extra row, in gate_dtype), from the caller's ids / weights
+// [M, k]; also zeroes zero[0, zero_n) as launch_router_logits does. An id outside [0, E) adds
+// nothing (the device cannot refuse it without a host round trip: callers check first). A plain
+// launch (given_routing.cu).
+void launch_given_slots(const void* x, DType act, int64_t M, int64_t H, const int32_t* ids, const float* weights,
+                        int k, int E, int S, const void* gate_row, DType gate_dtype, int32_t* ids2, float* w2,
+                        float* zero, int64_t zero_n, Stream stream);
+
 // y = x with each row's K axis k-permuted for the prefill kernel (kperm_pos in moe_gemm.h: inside
 // each 64-element chunk the 32 element pairs as an 8 x 4 transpose). x, y: act [M, H], H a multiple
 // of 64, y 16-byte aligned; x may have any 2-byte alignment (16-byte aligned x takes 16-byte loads).

@@ -97,6 +97,14 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
+// The same two copies to a shared-memory address the caller computed once (a generic pointer is
+// converted again at every call: ncu counted that conversion in the wgmma kernel's k-loop).
+__device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async4_s(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
 // The four words of a 16-byte load, in order, into w[0..3] (packed weight codes of one lane).
 __device__ __forceinline__ void put_words(uint32_t* w, const uint4& v) {
   w[0] = v.x;

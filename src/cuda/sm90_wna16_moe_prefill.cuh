@@ -248,14 +248,14 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
       xo[i] = r < nvalid ? s_src[r] * int(p.x_stride) + (kperm ? 8 : 2) * xp8 : -1;
     }
     auto load_stage = [&](int kc, int st) {
-      unsigned char* sb = smem + st * S::kStage;
+      const uint32_t sx = smem_base + uint32_t(st * S::kStage) + xsoff;  // this thread's token unit
       if (x_tma) {
         // Tokens: thread 0's tensor copy below.
       } else if (kperm) {
         // Tokens, k-permuted x: one 16-byte copy per row.
 #pragma unroll
         for (int i = 0; i < XROWS; ++i)
-          if (xo[i] >= 0) cp_async16(sb + xsoff + i * 4096, x + (xo[i] + kc * 64));
+          if (xo[i] >= 0) cp_async16_s(sx + i * 4096, x + (xo[i] + kc * 64));
       } else {
         // Tokens: pair (lane & 7) + 8c of each row; c rotates with the row (bank-conflict free).
 #pragma unroll
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #pragma unroll
           for (int cc = 0; cc < 4; ++cc) {
             const int c = (cc + (lane >> 3)) & 3;
-            cp_async4(sb + xsoff + i * 4096 + c * 4, src + 16 * c);
+            cp_async4_s(sx + i * 4096 + c * 4, src + 16 * c);
           }
         }
       }
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
       // zeros) of the chunk's groups (NTB * 8 contiguous words per group): bulk copies by one
       // thread, counted on the stage's mbarrier.
       if (tid == 0) {
-        const uint32_t bar = full0 + 8 * st, sbase = smem_addr(sb);
+        const uint32_t bar = full0 + 8 * st, sbase = smem_base + uint32_t(st * S::kStage);
         const uint32_t wbytes = uint32_t(ntiles * U * 32 * 16), mbytes = uint32_t(ntiles * 8 * 4);
         const int nslots = slot_mask == 0 ? 1 : slot_mask == 2 ? 2 : 4;
         const uint32_t xbytes = x_tma ? uint32_t(BM * 128) : 0u;

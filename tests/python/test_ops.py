@@ -251,17 +251,8 @@ def test_bad_pack_arguments_raise(layer_of):
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         wna16.pack(L.experts, device="tpu", **kw)
     # device="cuda": refused by a build without the CUDA backend, or by one without a GPU; where
-    # both exist it packs (the CUDA dispatch of the ops is the part not built yet).
+    # both exist it packs (test_cuda_ops.py runs the CUDA kernels).
     try:
         wna16.pack(L.experts, device="cuda", **kw)
     except ValueError as e:
         assert re.search(r"no CUDA backend|no CUDA GPU is present", str(e)), str(e)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA build of torch and a GPU")
-def test_cuda_tensor_gets_not_built_yet(layer_of):
-    L = layer_of("gptq_sym")
-    x = torch.zeros(2, L.H, dtype=torch.bfloat16, device="cuda")
-    ids = torch.zeros(2, 2, dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="CUDA dispatch is not built yet"):
-        wna16.moe(x, ids, torch.ones(2, 2, device="cuda"), L.weights)

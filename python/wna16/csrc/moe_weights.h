@@ -3,7 +3,7 @@
 // plus its spec. Built by torch.ops.wna16.pack (checkpoint-layout tensors) or
 // torch.ops.wna16.load_checkpoint_layer (a Hugging Face directory, the library's loader); every op
 // of torch.ops.wna16 takes it. The helpers below are shared by the per-dispatch-key op files
-// (ops_cpu.cpp now; a CUDA file registers its kernels beside them later).
+// (ops_cpu.cpp, and ops_cuda.cpp where Torch has CUDA).
 #pragma once
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -13,6 +13,9 @@
 
 #include "wna16/backend.h"
 #include "wna16/moe.h"
+#ifdef WNA16_TORCH_CUDA
+#include "wna16/cuda.h"
+#endif
 
 namespace wna16::torch_ext {
 
@@ -21,11 +24,23 @@ struct MoeWeights : torch::CustomClassHolder {
   Device device = Device::Cpu;
   bool has_router = true;  // false: packed without a router; moe_layer (which routes) refuses it
   std::string scheme;      // e.g. "gptq 4-bit g128 sym", for describe()
-  std::unique_ptr<MoeBackendLayer> layer;
+  std::unique_ptr<MoeBackendLayer> layer;  // the CPU backend (device cpu)
+#ifdef WNA16_TORCH_CUDA
+  // device cuda: the layer's device entry points (torch's stream, a caching-allocator workspace),
+  // on the GPU that was current when the weights were packed.
+  std::unique_ptr<cuda::CudaMoeLayer> cuda_layer;
+  int cuda_device = -1;
+#endif
 
   std::string describe() const;
 };
 using MoeWeightsPtr = c10::intrusive_ptr<MoeWeights>;
+
+// Repacks mw for w.device into w (layer, or cuda_layer where the extension has CUDA).
+void build_layer(MoeWeights& w, const MoeLayerWeights& mw);
+#ifdef WNA16_TORCH_CUDA
+int current_cuda_device();  // ops_cuda.cpp
+#endif
 
 // The activation dtype of a tensor: BF16, F16 or F32 (F32 is computed in BF16, as `wna16 run`
 // does). Throws c10::TypeError naming `who`, the argument (`what`) and the dtype otherwise.
@@ -33,8 +48,10 @@ DType act_dtype(const at::Tensor& x, const char* who, const char* what = "x");
 
 // Checks the arguments of moe / moe_out / moe_layer (shapes, dtypes, devices, the ids' range) and
 // throws c10 errors naming the argument and value. ids/weights may be undefined (moe_layer).
+// check_id_values: also look for ids outside [0, E) (a device-to-host copy for CUDA tensors, so
+// the CUDA kernel skips it while a CUDA graph is being captured).
 void check_moe_args(const at::Tensor& x, const at::Tensor* topk_ids, const at::Tensor* topk_weights,
-                    const MoeWeights& w, const char* who);
+                    const MoeWeights& w, const char* who, bool check_id_values = true);
 // Checks out= against x: same shape, dtype and device, contiguous.
 void check_out(const at::Tensor& x, const at::Tensor& out, const char* who);
 

@@ -9,8 +9,8 @@
 //
 // This file holds the schemas, the custom class, the device-free ops (catch-all kernels) and the
 // Meta kernels (shape and dtype only). Each device's kernels live in their own file and register
-// with TORCH_LIBRARY_IMPL(wna16, <key>, m): ops_cpu.cpp (CPU) and ops_cuda_pending.cpp (CUDA: an
-// error until the CUDA dispatch is built, which then replaces that file).
+// with TORCH_LIBRARY_IMPL(wna16, <key>, m): ops_cpu.cpp (CPU) and ops_cuda.cpp (CUDA, where Torch
+// has CUDA; ops_cuda_pending.cpp, an error naming the missing build, where it has not).
 #include <ATen/ATen.h>
 
 #include <string>
@@ -56,7 +56,7 @@ std::string shape_str(const at::Tensor& t) {
 }  // namespace
 
 void check_moe_args(const at::Tensor& x, const at::Tensor* ids, const at::Tensor* wts, const MoeWeights& w,
-                    const char* who) {
+                    const char* who, bool check_id_values) {
   act_dtype(x, who);
   const int64_t H = w.spec.hidden, E = w.spec.routing.num_experts;
   TORCH_CHECK_VALUE(x.dim() == 2 && x.size(1) == H, who, ": x has shape ", shape_str(x), "; expected [M, ", H,
@@ -75,7 +75,7 @@ void check_moe_args(const at::Tensor& x, const at::Tensor* ids, const at::Tensor
                     "; expected ", shape_str(*ids), " (topk_ids' shape)");
   TORCH_CHECK_VALUE(ids->device() == x.device() && wts->device() == x.device(), who, ": x is on ", x.device(),
                     ", topk_ids on ", ids->device(), ", topk_weights on ", wts->device(), "; expected one device");
-  if (ids->is_meta() || ids->numel() == 0) return;
+  if (!check_id_values || ids->is_meta() || ids->numel() == 0) return;
   // The first id out of range, named by position (the library checks again, by the same rule).
   const at::Tensor bad = at::logical_or(*ids < 0, *ids >= E).nonzero();
   if (bad.size(0) > 0) {
@@ -93,6 +93,17 @@ void check_out(const at::Tensor& x, const at::Tensor& out, const char* who) {
   TORCH_CHECK_VALUE(out.device() == x.device(), who, ": out is on ", out.device(), "; expected x's device ",
                     x.device());
   TORCH_CHECK_VALUE(out.is_contiguous(), who, ": out (strides ", out.strides(), ") must be contiguous");
+}
+
+void build_layer(MoeWeights& w, const MoeLayerWeights& mw) {
+#ifdef WNA16_TORCH_CUDA
+  if (w.device == Device::Cuda) {
+    w.cuda_device = current_cuda_device();
+    w.cuda_layer = std::make_unique<cuda::CudaMoeLayer>(w.spec, mw);
+    return;
+  }
+#endif
+  w.layer = make_layer(w.device, w.spec, mw);  // validates every tensor against the spec, repacks once
 }
 
 namespace {
@@ -215,7 +226,7 @@ MoeWeightsPtr pack(at::TensorList qweight, at::TensorList scales, at::TensorList
     if (shared) mw.shared = expert(E);
     w->scheme = q.describe();
     w->device = parse_device(device);
-    w->layer = make_layer(w->device, s, mw);  // validates every tensor against the spec, repacks once
+    build_layer(*w, mw);
   } catch (const Error& e) {
     TORCH_CHECK_VALUE(false, "wna16.pack: ", e.what());
   }
@@ -230,7 +241,7 @@ MoeWeightsPtr load_checkpoint_layer(std::string path, int64_t layer, std::string
     const MoeLayerWeights mw = ck.load_layer(layer);
     w->scheme = mw.experts.empty() ? std::string() : mw.experts[0].gate.scheme.describe();
     w->device = parse_device(device);
-    w->layer = make_layer(w->device, w->spec, mw);
+    build_layer(*w, mw);
   } catch (const Error& e) {
     TORCH_CHECK_VALUE(false, "wna16.load_checkpoint_layer: ", e.what());
   }

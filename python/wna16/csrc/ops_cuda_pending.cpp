@@ -1,6 +1,6 @@
-// CUDA dispatch of torch.ops.wna16: not built yet. Until the CUDA kernels are registered here
-// (TORCH_LIBRARY_IMPL(wna16, CUDA, m) on the library's cuda::CudaMoeLayer), a CUDA tensor gets
-// this error instead of the dispatcher's generic "could not run ... with the CUDA backend".
+// CUDA dispatch of torch.ops.wna16 in a build without it (a Torch without CUDA, or a library built
+// without CUDA; ops_cuda.cpp is the real one): a CUDA tensor gets this error, naming the build,
+// instead of the dispatcher's generic "could not run ... with the CUDA backend".
 #include <ATen/ATen.h>
 
 #include "moe_weights.h"
@@ -9,8 +9,9 @@ namespace wna16::torch_ext {
 namespace {
 
 [[noreturn]] void pending(const char* op) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": CUDA dispatch is not built yet (this version of the "
-                                         "extension runs on CPU tensors only)");
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": this build of the extension has no CUDA kernels (built against a "
+                                         "Torch without CUDA, or without the library's CUDA backend); "
+                                         "CPU tensors only");
 }
 
 at::Tensor moe_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&, MoeWeightsPtr) { pending("wna16.moe"); }

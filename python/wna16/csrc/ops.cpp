@@ -76,13 +76,13 @@ void check_moe_args(const at::Tensor& x, const at::Tensor* ids, const at::Tensor
   TORCH_CHECK_VALUE(ids->device() == x.device() && wts->device() == x.device(), who, ": x is on ", x.device(),
                     ", topk_ids on ", ids->device(), ", topk_weights on ", wts->device(), "; expected one device");
   if (!check_id_values || ids->is_meta() || ids->numel() == 0) return;
-  // The first id out of range, named by position (the library checks again, by the same rule).
-  const at::Tensor bad = at::logical_or(*ids < 0, *ids >= E).nonzero();
-  if (bad.size(0) > 0) {
-    const int64_t m = bad[0][0].item<int64_t>(), j = bad[0][1].item<int64_t>();
-    TORCH_CHECK_VALUE(false, who, ": topk_ids[", m, ", ", j, "]=", (*ids)[m][j].item<int64_t>(),
+  // The first id out of range, named by position (the library checks again, by the same rule),
+  // looked for in a host copy (one device-to-host copy for CUDA ids).
+  const at::Tensor h = ids->to(at::kCPU, at::kLong).contiguous();
+  const int64_t* v = h.data_ptr<int64_t>();
+  for (int64_t i = 0; i < h.numel(); ++i)
+    TORCH_CHECK_VALUE(v[i] >= 0 && v[i] < E, who, ": topk_ids[", i / h.size(1), ", ", i % h.size(1), "]=", v[i],
                       " is outside [0, ", E, ") (the layer's experts)");
-  }
 }
 
 void check_out(const at::Tensor& x, const at::Tensor& out, const char* who) {

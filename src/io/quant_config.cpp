@@ -1,35 +1,17 @@
 // Quantization configs: config.json's quantization_config, AutoGPTQ/GPTQModel quantize_config.json
 // and old AutoAWQ quant_config.json, with every key variant and GPTQModel `dynamic` overrides.
 #include <algorithm>
-#include <cctype>
 
 #include "io/config_util.h"
+#include "io/quant_util.h"
 #include "wna16/checkpoint.h"
 #include "wna16/error.h"
 
 namespace wna16 {
 
-namespace {
-
-std::string lower(std::string s) {
-  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-// Bits the kernels run; formats.md lists 2 and 3 as valid GPTQ, which we refuse by name.
-void check_bits(int64_t bits, QuantMethod m, const std::string& where) {
-  if (m == QuantMethod::Awq && bits != 4)
-    throw Error(where + " = " + std::to_string(bits) + ": AWQ (gemm) checkpoints are 4-bit only");
-  if (bits == 2 || bits == 3)
-    throw Error(where + " = " + std::to_string(bits) + " is a valid GPTQ width, but wna16's kernels support 4 and 8 bits only");
-  if (bits != 4 && bits != 8) throw Error(where + " = " + std::to_string(bits) + " is not a supported width (4 or 8)");
-}
-
-void check_group(int64_t g, const std::string& where) {
-  if (g == 0 || g < -1) throw Error(where + " = " + std::to_string(g) + " is not a valid group size (> 0, or -1 for one group)");
-}
-
-}  // namespace
+using io::check_bits;
+using io::check_group;
+using io::lower;
 
 QuantConfig parse_quant_config(const std::string& text, const std::string& origin, const std::string& kind) {
   using J = nlohmann::ordered_json;
@@ -54,9 +36,14 @@ QuantConfig parse_quant_config(const std::string& text, const std::string& origi
     q.method = QuantMethod::Gptq;
   } else if (method == "awq") {
     q.method = QuantMethod::Awq;
+  } else if (method == "compressed-tensors") {
+    q.method = QuantMethod::CompressedTensors;
+    io::parse_compressed_tensors(o, origin, path, q);
+    return q;
   } else {
     throw Error(o.where("quant_method") + " = " + io::quoted(method) +
-                " is not supported: wna16 runs GPTQ (\"gptq\") and AWQ (\"awq\") checkpoints");
+                " is not supported: wna16 runs GPTQ (\"gptq\"), AWQ (\"awq\") and compressed-tensors"
+                " (\"compressed-tensors\", pack-quantized) checkpoints");
   }
 
   const std::string bits_key = o.has("bits") ? "bits" : "w_bit";
@@ -136,6 +123,25 @@ QuantConfig parse_quant_config(const std::string& text, const std::string& origi
 
 std::optional<QuantScheme> QuantConfig::scheme_for(const std::string& module) const {
   if (method == QuantMethod::None) return std::nullopt;
+  if (method == QuantMethod::CompressedTensors) {
+    for (const auto& t : ct_ignore)
+      if (t.match_rank(module)) return std::nullopt;
+    // compressed-tensors' priority: exact name, then regex, then class name; ties by target text.
+    const CtGroup* best = nullptr;
+    const ModuleTarget* best_t = nullptr;
+    int best_rank = 0;
+    for (const auto& g : ct_groups)
+      for (const auto& t : g.targets) {
+        const int r = t.match_rank(module);
+        if (r && (!best || r < best_rank || (r == best_rank && t.text < best_t->text))) {
+          best = &g;
+          best_t = &t;
+          best_rank = r;
+        }
+      }
+    if (!best) return std::nullopt;
+    return best->scheme;
+  }
   for (const auto& m : modules_to_not_convert)
     if (!m.empty() && module.find(m) != std::string::npos) return std::nullopt;
   QuantScheme s = scheme;
@@ -153,6 +159,7 @@ std::optional<QuantScheme> QuantConfig::scheme_for(const std::string& module) co
 
 std::string QuantConfig::describe() const {
   if (method == QuantMethod::None) return "none (no quantization config)";
+  if (method == QuantMethod::CompressedTensors) return io::describe_compressed_tensors(*this) + " (from " + origin + ")";
   std::string s = std::string(method == QuantMethod::Gptq ? "gptq" : "awq") + " " + std::to_string(scheme.bits) +
                   "-bit, group_size " + std::to_string(scheme.group_size);
   if (method == QuantMethod::Gptq) {

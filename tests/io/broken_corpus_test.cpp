@@ -315,7 +315,7 @@ std::vector<BrokenCase> cases() {
          edit_config(d, "\"checkpoint_format\": \"gptq\"", "\"checkpoint_format\": \"marlin\"");
        }, "quantization_config.checkpoint_format = \"marlin\" is not supported"});
   add({"config_awq_gemv", [](auto& d, auto&) {
-         edit_config(d, "\"quant_method\": \"gptq\"", "\"quant_method\": \"awq\", \"version\": \"gemv\"");
+         edit_qc(d, [](auto& q) { q = {{"quant_method", "awq"}, {"zero_point", true}, {"group_size", 128}, {"bits", 4}, {"version", "gemv"}}; });
        }, "quantization_config.version = \"gemv\" is not supported"});
   add({"config_bits_3", [](auto& d, auto&) { edit_config(d, "\"bits\": 4", "\"bits\": 3"); },
        "quantization_config.bits = 3 is a valid GPTQ width, but wna16's kernels support 4 and 8 bits only"});

@@ -37,15 +37,8 @@ OJ rename(OJ j, const std::string& from, const std::string& to, const OJ& value 
   return j;
 }
 
-void expect_same(const QuantConfig& a, const QuantConfig& b) {
-  EXPECT_EQ(a.method, b.method);
-  EXPECT_EQ(a.scheme.format, b.scheme.format);
-  EXPECT_EQ(a.scheme.bits, b.scheme.bits);
-  EXPECT_EQ(a.scheme.group_size, b.scheme.group_size);
-  EXPECT_EQ(a.scheme.sym, b.scheme.sym);
-  EXPECT_EQ(a.scheme.act_order, b.scheme.act_order);
-  EXPECT_EQ(a.zero_point, b.zero_point);
-}
+// describe() names method, bits, group size, layout, sym, desc_act and zero_point: all a spelling sets.
+void expect_same(const QuantConfig& a, const QuantConfig& b) { EXPECT_EQ(a.describe(), b.describe()); }
 
 TEST(QuantAlias, WBitForBits) {  // AutoAWQ quant_config.json, GPTQModel synonym
   expect_same(parse(rename(kAwq, "bits", "w_bit")), parse(kAwq));

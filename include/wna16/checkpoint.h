@@ -22,7 +22,9 @@ namespace wna16 {
 
 enum class Arch { Mixtral, Qwen2Moe, Qwen3Moe, DeepseekV2, DeepseekV3 };
 const char* arch_name(Arch a);  // the Hugging Face model_type: "mixtral", "qwen2_moe", ...
-Arch parse_arch(const std::string& model_type);  // throws Error listing the supported ones
+// model_type -> architecture, including models built on another family's (kimi_k2 -> DeepseekV3);
+// throws Error listing the supported ones.
+Arch parse_arch(const std::string& model_type);
 std::vector<std::string> arch_names();
 
 enum class LayerKind { Dense, Moe, Mtp };  // Mtp: DeepSeek-V3 multi-token-prediction layer (MoE)
@@ -31,6 +33,7 @@ const char* layer_kind_name(LayerKind k);
 struct ModelConfig {
   std::string origin;          // "DIR/config.json"
   Arch arch = Arch::Mixtral;
+  std::string model_type;      // as written: "kimi_k2" runs as Arch::DeepseekV3
   int64_t hidden = 0;          // hidden_size
   int64_t num_layers = 0;      // num_hidden_layers
   int64_t dense_inter = 0;     // intermediate_size (dense MLP; Mixtral: the expert width)

@@ -83,7 +83,8 @@ int run_inspect(const std::string& dir) {
   const Checkpoint ck = Checkpoint::open(dir);
   const ModelConfig& c = ck.config();
   std::printf("checkpoint: %s\n", dir.c_str());
-  std::printf("architecture: %s\n", arch_name(c.arch));
+  std::printf("architecture: %s%s\n", arch_name(c.arch),
+              c.model_type == arch_name(c.arch) ? "" : (" (model_type " + c.model_type + ")").c_str());
   std::printf("hidden_size: %lld, layers: %lld\n", static_cast<long long>(c.hidden), static_cast<long long>(c.num_layers));
 
   std::vector<int64_t> dense, moe, mtp;

@@ -77,6 +77,10 @@ TEST(FuzzSeeds, Write) {
 "moe_intermediate_size":2048,"n_routed_experts":256,"n_shared_experts":1,"num_experts_per_tok":8,"topk_method":"noaux_tc",
 "n_group":8,"topk_group":4,"routed_scaling_factor":2.5,"norm_topk_prob":true,"scoring_func":"sigmoid","first_k_dense_replace":3,
 "moe_layer_freq":1,"num_hidden_layers":61,"num_nextn_predict_layers":1})");
+  test::write_file(cfg_dir + "/kimi_k2_real.json", R"({"model_type":"kimi_k2","hidden_size":7168,"intermediate_size":18432,
+"moe_intermediate_size":2048,"n_routed_experts":384,"n_shared_experts":1,"num_experts_per_tok":8,"topk_method":"noaux_tc",
+"n_group":1,"topk_group":1,"routed_scaling_factor":2.827,"norm_topk_prob":true,"scoring_func":"sigmoid","first_k_dense_replace":1,
+"moe_layer_freq":1,"num_hidden_layers":61,"num_nextn_predict_layers":0})");
   test::write_file(cfg_dir + "/qwen2_moe_sparse_step.json", R"({"model_type":"qwen2_moe","hidden_size":64,"moe_intermediate_size":32,
 "shared_expert_intermediate_size":64,"num_experts":4,"num_experts_per_tok":2,"num_hidden_layers":6,"decoder_sparse_step":2,
 "mlp_only_layers":[3],"norm_topk_prob":null})");

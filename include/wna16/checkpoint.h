@@ -22,7 +22,9 @@ namespace wna16 {
 
 enum class Arch { Mixtral, Qwen2Moe, Qwen3Moe, DeepseekV2, DeepseekV3 };
 const char* arch_name(Arch a);  // the Hugging Face model_type: "mixtral", "qwen2_moe", ...
-Arch parse_arch(const std::string& model_type);  // throws Error listing the supported ones
+// model_type -> architecture, including models built on another family's (kimi_k2 -> DeepseekV3);
+// throws Error listing the supported ones.
+Arch parse_arch(const std::string& model_type);
 std::vector<std::string> arch_names();
 
 enum class LayerKind { Dense, Moe, Mtp };  // Mtp: DeepSeek-V3 multi-token-prediction layer (MoE)
@@ -31,6 +33,7 @@ const char* layer_kind_name(LayerKind k);
 struct ModelConfig {
   std::string origin;          // "DIR/config.json"
   Arch arch = Arch::Mixtral;
+  std::string model_type;      // as written: "kimi_k2" runs as Arch::DeepseekV3
   int64_t hidden = 0;          // hidden_size
   int64_t num_layers = 0;      // num_hidden_layers
   int64_t dense_inter = 0;     // intermediate_size (dense MLP; Mixtral: the expert width)
@@ -69,7 +72,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
 
 // ---- quantization config --------------------------------------------------------------------
 
-enum class QuantMethod { None, Gptq, Awq };
+enum class QuantMethod { None, Gptq, Awq, CompressedTensors };
 
 // A module-name pattern from a checkpoint's config (a Python `re` regular expression), compiled by
 // an engine that matches in time linear in the name and the pattern, without backtracking, so an
@@ -107,6 +110,27 @@ struct DynamicRule {
   std::optional<bool> desc_act, sym;
 };
 
+// A compressed-tensors `targets` or `ignore` entry, matched as compressed-tensors does: "re:" + a
+// Python regex (re.match, anchored at the start), else an exact module name or a torch class name
+// (every module wna16 loads is an nn.Linear, so "Linear" and "Module" match all of them).
+struct ModuleTarget {
+  std::string text;  // as written
+  bool regex = false;
+  ModulePattern re;  // regex only
+  // 0: no match; else the match's priority as compressed-tensors ranks it: 1 exact name,
+  // 2 regex, 3 class name (a lower rank wins).
+  int match_rank(const std::string& module) const;
+};
+
+// One compressed-tensors config group (pack-quantized, weight-only): what it targets and the
+// weight scheme. scheme.format is GptqV2: the loader converts these tensors to that layout.
+struct CtGroup {
+  std::string name;  // "group_0"
+  std::vector<ModuleTarget> targets;
+  QuantScheme scheme;
+  std::string actorder;  // "" (none), "group" (weight_g_idx stored) or "weight" (no g_idx)
+};
+
 struct QuantConfig {
   std::string origin;        // "config.json quantization_config", "quantize_config.json", ...
   QuantMethod method = QuantMethod::None;
@@ -115,10 +139,13 @@ struct QuantConfig {
   bool zero_point = true;    // AWQ
   std::vector<std::string> modules_to_not_convert;  // substring match
   std::vector<DynamicRule> dynamic;                 // first match wins, in file order
+  std::vector<CtGroup> ct_groups;                   // compressed-tensors config_groups, in file order
+  std::vector<ModuleTarget> ct_ignore;              // compressed-tensors ignore list
   std::string describe() const;
 
   // The scheme the config prescribes for module `name` ("model.layers.1.mlp.experts.0.gate_proj"),
-  // or nullopt when the config leaves it unquantized (modules_to_not_convert or a "-:" rule).
+  // or nullopt when the config leaves it unquantized (modules_to_not_convert, a "-:" rule, a
+  // compressed-tensors ignore entry, or no compressed-tensors target matching it).
   // Throws Error for an override the kernels cannot run (bits not 4/8), naming rule and value.
   std::optional<QuantScheme> scheme_for(const std::string& module) const;
 };
@@ -126,7 +153,8 @@ struct QuantConfig {
 // Parses a quantization config object given as JSON text. `kind` selects the key variants:
 // "quantization_config" (inside config.json), "quantize_config.json" (AutoGPTQ/GPTQModel) or
 // "quant_config.json" (old AutoAWQ: w_bit, q_group_size). Refuses GPTQ "marlin" (and any layout
-// but gptq/gptq_v2), AWQ versions other than gemm, bits other than 4/8 (AWQ: 4), naming value.
+// but gptq/gptq_v2), AWQ versions other than gemm, bits other than 4/8 (AWQ: 4), compressed-tensors
+// formats other than pack-quantized and anything but int weight-only groups, naming the value.
 QuantConfig parse_quant_config(const std::string& text, const std::string& origin, const std::string& kind);
 
 // ---- checkpoints ----------------------------------------------------------------------------
@@ -135,8 +163,9 @@ QuantConfig parse_quant_config(const std::string& text, const std::string& origi
 struct LinearInfo {
   std::string module;          // "model.layers.1.mlp.experts.3.gate_proj"
   bool present = false;        // false: neither .qweight nor .weight exists
-  bool quantized = false;      // .qweight present
+  bool quantized = false;      // .qweight (or compressed-tensors .weight_packed) present
   QuantScheme scheme;          // quantized only (act_order/sym as the config says; load refines)
+  std::string storage;         // present only: "gptq 4-bit g128 sym", "compressed-tensors 4-bit g128 asym", "dense BF16"
   std::string dense_dtype;     // dense only: "F16", "BF16", ...
   int64_t K = 0, N = 0;
   uint64_t bytes = 0;          // all of the module's tensors in the file(s)
@@ -193,6 +222,11 @@ struct SynthOptions {
   int group_size = 128;
   bool desc_act = false;
   bool asym = false;
+  // compressed-tensors pack-quantized, as llm-compressor writes it (format is then unused; bf16
+  // model). desc_act means actorder "group" (weight_g_idx written); actorder_weight writes
+  // actorder "weight" (channels quantized in activation order, groups k / group_size, no g_idx).
+  bool compressed_tensors = false;
+  bool actorder_weight = false;
   int64_t layers = 2;
   uint64_t max_shard_size = 256 * 1024;  // bytes per shard (HF's rule: a tensor never splits)
   uint64_t seed = 1;

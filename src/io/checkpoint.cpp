@@ -3,11 +3,13 @@
 // shard (mmap) -> validated QuantizedLinear here -> repack in the backend (make_layer).
 #include "wna16/checkpoint.h"
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "io/json_util.h"
+#include "io/quant_util.h"
 #include "wna16/error.h"
 
 namespace wna16 {
@@ -77,10 +79,13 @@ LayerNames layer_names(const ModelConfig& c, int64_t L) {
 
 // The stored form of one linear, checked against K, N and the config; throws Error naming file,
 // tensor, shape and the expected shape.
+// compressed-tensors (ct): qweight, scales, qzeros and g_idx hold weight_packed [N, K*b/32],
+// weight_scale [N, G], weight_zero_point [N*b/32, G] (asym only) and weight_g_idx.
 struct LinearPlan {
   std::string module;
   int64_t K = 0, N = 0;
   bool quantized = false;
+  bool ct = false;
   QuantScheme scheme;
   TensorStore::Entry qweight{}, qzeros{}, scales{}, g_idx{}, weight{}, bias{};
   uint64_t bytes = 0;
@@ -101,19 +106,105 @@ void expect_float(const TensorStore::Entry& e) {
     throw Error(tensor_where(e) + " has dtype " + st_dtype_name(e.info->dtype) + ", expected F16, BF16 or F32");
 }
 
+const char* method_name(QuantMethod m) {
+  switch (m) {
+    case QuantMethod::None: return "no quantization config";
+    case QuantMethod::Gptq: return "gptq";
+    case QuantMethod::Awq: return "awq";
+    case QuantMethod::CompressedTensors: return "compressed-tensors";
+  }
+  return "?";
+}
+
+// weight_shape [2] (I32, or I64 as torch.tensor(weight.shape) saves it) must say [N, K].
+void check_weight_shape(const TensorStore::Entry& e, int64_t K, int64_t N) {
+  if (e.info->dtype != StDtype::I32 && e.info->dtype != StDtype::I64)
+    throw Error(tensor_where(e) + " has dtype " + st_dtype_name(e.info->dtype) + ", expected I32 or I64");
+  expect_shape(e, {2}, "a shape [out, in]");
+  int64_t v[2];
+  for (int i = 0; i < 2; ++i) {
+    if (e.info->dtype == StDtype::I64) {
+      std::memcpy(&v[i], e.file->data(*e.info) + 8 * i, 8);
+    } else {
+      int32_t x;
+      std::memcpy(&x, e.file->data(*e.info) + 4 * i, 4);
+      v[i] = x;
+    }
+  }
+  if (v[0] != N || v[1] != K)
+    throw Error(tensor_where(e) + " = [" + std::to_string(v[0]) + ", " + std::to_string(v[1]) + "] but the config gives this linear [out, in] = [" +
+                std::to_string(N) + ", " + std::to_string(K) + "]");
+}
+
+// The compressed-tensors tensors of a pack-quantized linear, checked against K, N and the scheme.
+void plan_ct(const TensorStore& st, const QuantConfig& q, LinearPlan& p) {
+  const std::string& m = p.module;
+  const int64_t K = p.K, N = p.N;
+  const int b = p.scheme.bits;
+  p.ct = true;
+  p.scales = st.find(m + ".weight_scale");
+  p.qzeros = st.find(m + ".weight_zero_point");
+  p.g_idx = st.find(m + ".weight_g_idx");
+  const TensorStore::Entry shape = st.find(m + ".weight_shape");
+  const std::string next = " (next to " + tensor_where(p.qweight) + ")";
+  if (!p.scales.file) throw Error("missing tensor " + m + ".weight_scale" + next);
+  if (!shape.file) throw Error("missing tensor " + m + ".weight_shape" + next);
+  expect_dtype(p.qweight, StDtype::I32);
+  expect_float(p.scales);
+  check_weight_shape(shape, K, N);
+  const int64_t G = p.scheme.num_groups(K);
+  const std::string gcfg = "K=" + std::to_string(K) + (p.scheme.group_size > 0 ? " with group_size=" + std::to_string(p.scheme.group_size) : std::string(", strategy channel")) +
+                           " (" + std::to_string(G) + " group" + (G == 1 ? "" : "s") + ")";
+  expect_shape(p.qweight, {N, K * b / 32},
+               "K=" + std::to_string(K) + ", N=" + std::to_string(N) + " at " + std::to_string(b) + " bits (compressed-tensors, [out, in*bits/32], packed along the input)");
+  expect_shape(p.scales, {N, G}, gcfg + " ([out, groups])");
+  if (p.scheme.sym && p.qzeros.file)
+    throw Error(tensor_where(p.qzeros) + " is present but " + q.origin + " says symmetric: true for " + m + ": the config contradicts the tensors");
+  if (!p.scheme.sym) {
+    if (!p.qzeros.file) throw Error("missing tensor " + m + ".weight_zero_point (" + q.origin + " says symmetric: false)" + next);
+    expect_dtype(p.qzeros, StDtype::I32);
+    expect_shape(p.qzeros, {N * b / 32, G}, gcfg + " at " + std::to_string(b) + " bits (compressed-tensors, packed along the output)");
+    p.bytes += p.qzeros.info->nbytes();
+  }
+  if (p.scheme.act_order && !p.g_idx.file)
+    throw Error("missing tensor " + m + ".weight_g_idx (" + q.origin + " says actorder \"group\")" + next);
+  if (p.g_idx.file) {
+    if (!p.scheme.act_order)
+      throw Error(tensor_where(p.g_idx) + " is present but " + q.origin + " sets no actorder \"group\" for " + m +
+                  ": the config contradicts the tensors");
+    expect_dtype(p.g_idx, StDtype::I32);
+    expect_shape(p.g_idx, {K}, "K=" + std::to_string(K));
+    p.bytes += p.g_idx.info->nbytes();
+  }
+  p.bytes += p.qweight.info->nbytes() + p.scales.info->nbytes() + shape.info->nbytes();
+}
+
 LinearPlan plan_linear(const TensorStore& st, const QuantConfig& q, const std::string& module, int64_t K, int64_t N) {
   LinearPlan p;
   p.module = module;
   p.K = K;
   p.N = N;
   p.qweight = st.find(module + ".qweight");
+  const TensorStore::Entry packed = st.find(module + ".weight_packed");
   p.weight = st.find(module + ".weight");
   p.bias = st.find(module + ".bias");
-  if (!p.qweight.file && !p.weight.file)
-    throw Error("missing linear " + module + ": neither " + module + ".qweight nor " + module + ".weight is in " +
-                st.dir() + " (" + st.layout() + ")");
-  if (p.qweight.file && p.weight.file)
-    throw Error("linear " + module + " has both .qweight and .weight; cannot tell whether it is quantized");
+  const bool ct = q.method == QuantMethod::CompressedTensors;
+  if (!p.qweight.file && !p.weight.file && !packed.file)
+    throw Error("missing linear " + module + ": neither " + module + (ct ? ".weight_packed" : ".qweight") + " nor " + module +
+                ".weight is in " + st.dir() + " (" + st.layout() + ")");
+  std::vector<std::string> stored;
+  for (const auto& [e, n] : {std::pair{p.qweight, ".qweight"}, {packed, ".weight_packed"}, {p.weight, ".weight"}})
+    if (e.file) stored.push_back(n);
+  if (stored.size() > 1)
+    throw Error("linear " + module + " has " + (stored.size() == 2 ? "both " + stored[0] : stored[0] + ", " + stored[1]) +
+                " and " + stored.back() + "; cannot tell how it is stored");
+  if (packed.file && !ct)
+    throw Error(tensor_where(packed) + " is compressed-tensors pack-quantized, but the quantization config is " +
+                (q.method == QuantMethod::None ? std::string("missing") : method_name(q.method) + std::string(" (") + q.origin + ")"));
+  if (p.qweight.file && ct)
+    throw Error(tensor_where(p.qweight) + " is a GPTQ/AWQ tensor, but " + q.origin +
+                " is compressed-tensors (which stores .weight_packed): the config contradicts the tensors");
+  if (packed.file) p.qweight = packed;
   if (p.bias.file) {
     expect_float(p.bias);
     expect_shape(p.bias, {N}, "N=" + std::to_string(N));
@@ -122,6 +213,9 @@ LinearPlan plan_linear(const TensorStore& st, const QuantConfig& q, const std::s
   if (p.weight.file) {  // dense (unquantized) linear: torch layout [out, in] = [N, K]
     expect_float(p.weight);
     expect_shape(p.weight, {N, K}, "a dense linear with K=" + std::to_string(K) + " inputs and N=" + std::to_string(N) + " outputs");
+    if (ct && q.scheme_for(module))
+      throw Error(tensor_where(p.weight) + " is dense, but " + q.origin + " quantizes " + module +
+                  " (a config_groups target, not in ignore): the config contradicts the tensors");
     p.bytes += p.weight.info->nbytes();
     return p;
   }
@@ -137,12 +231,18 @@ LinearPlan plan_linear(const TensorStore& st, const QuantConfig& q, const std::s
   }
   if (!s)
     throw Error(tensor_where(p.qweight) + " is quantized but " + q.origin +
-                " leaves module " + module + " unquantized (modules_to_not_convert or a \"-:\" dynamic rule): the config contradicts the tensors");
+                " leaves module " + module + " unquantized (" +
+                (ct ? "in ignore, or no config_groups target matches it" : "modules_to_not_convert or a \"-:\" dynamic rule") +
+                "): the config contradicts the tensors");
   p.scheme = *s;
   try {
     p.scheme.validate(K, N);
   } catch (const Error& e) {
     throw Error(module + " (" + q.origin + ": " + p.scheme.describe() + "): " + e.what());
+  }
+  if (ct) {
+    plan_ct(st, q, p);
+    return p;
   }
   p.qzeros = st.find(module + ".qzeros");
   p.scales = st.find(module + ".scales");
@@ -183,11 +283,21 @@ uint32_t sym_zero_word(Format f, int bits) {
   return w;
 }
 
-std::vector<float> transpose(const std::vector<float>& a, int64_t rows, int64_t cols) {
-  std::vector<float> t(a.size());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = a[size_t(r * cols + c)];
-  return t;
+// compressed-tensors -> GPTQ v2. Both pack b-bit fields LSB first (value i of a word at bits
+// [b*i, b*i+b)) and store q + 2^(b-1) for the signed q in [-2^(b-1), 2^(b-1)), so the stored
+// unsigned fields are GPTQ's codes and zeros as they are: only the word matrices transpose.
+// weight_packed [N, K*b/32] -> qweight [K*b/32, N]; weight_zero_point [N*b/32, G] -> qzeros
+// [G, N*b/32]; weight_scale [N, G] -> scales [G, N]. Symmetric: zero 2^(b-1) everywhere.
+void load_ct(const LinearPlan& p, QuantizedLinear& ql) {
+  const int b = p.scheme.bits;
+  const int64_t G = p.scheme.num_groups(p.K), kw = p.K * b / 32, nw = p.N * b / 32;
+  ql.qweight = io::transpose(read_i32(*p.qweight.file, *p.qweight.info), p.N, kw);
+  ql.scales = io::transpose(read_floats(*p.scales.file, *p.scales.info), p.N, G);
+  if (p.qzeros.file) {
+    ql.qzeros = io::transpose(read_i32(*p.qzeros.file, *p.qzeros.info), nw, G);
+  } else {
+    ql.qzeros.assign(size_t(G * nw), int32_t(sym_zero_word(Format::GptqV2, b)));
+  }
 }
 
 QuantizedLinear load_linear(const LinearPlan& p, std::vector<std::string>* notes) {
@@ -198,7 +308,7 @@ QuantizedLinear load_linear(const LinearPlan& p, std::vector<std::string>* notes
     QuantScheme s = dense_fallback_scheme(p.K);
     QuantizedLinear ql;
     try {
-      ql = quantize(transpose(w_nk, p.N, p.K), p.K, p.N, s);
+      ql = quantize(io::transpose(w_nk, p.N, p.K), p.K, p.N, s);
     } catch (const Error& e) {
       throw Error(tensor_where(p.weight) + ": cannot quantize this dense linear to " + s.describe() + ": " + e.what());
     }
@@ -210,9 +320,13 @@ QuantizedLinear load_linear(const LinearPlan& p, std::vector<std::string>* notes
   ql.scheme = p.scheme;
   ql.K = p.K;
   ql.N = p.N;
-  ql.qweight = read_i32(*p.qweight.file, *p.qweight.info);
-  ql.qzeros = read_i32(*p.qzeros.file, *p.qzeros.info);
-  ql.scales = read_floats(*p.scales.file, *p.scales.info);
+  if (p.ct) {
+    load_ct(p, ql);
+  } else {
+    ql.qweight = read_i32(*p.qweight.file, *p.qweight.info);
+    ql.qzeros = read_i32(*p.qzeros.file, *p.qzeros.info);
+    ql.scales = read_floats(*p.scales.file, *p.scales.info);
+  }
   if (p.bias.file) ql.bias = read_floats(*p.bias.file, *p.bias.info);
   for (size_t i = 0; i < ql.scales.size(); ++i) {
     const float v = ql.scales[i];
@@ -332,6 +446,9 @@ LayerInfo Checkpoint::describe_layer(int64_t L) const {
   info.expert_bytes = store_->bytes_under(expert0);
   info.present = info.bytes > 0 || store_->has(n.router);
 
+  auto has_linear = [&](const std::string& module) {
+    return store_->has(module + ".qweight") || store_->has(module + ".weight_packed") || store_->has(module + ".weight");
+  };
   auto add = [&](const std::string& module, int64_t K, int64_t N) {
     LinearInfo li;
     li.module = module;
@@ -344,8 +461,10 @@ LayerInfo Checkpoint::describe_layer(int64_t L) const {
       li.scheme = p.scheme;
       li.bytes = p.bytes;
       if (!p.quantized) li.dense_dtype = st_dtype_name(p.weight.info->dtype);
+      const std::string d = p.scheme.describe();  // "gptq_v2 4-bit g128 sym": ct keeps all but the layout name
+      li.storage = !p.quantized ? "dense " + li.dense_dtype : p.ct ? "compressed-tensors" + d.substr(d.find(' ')) : d;
     } catch (const Error& e) {
-      li.present = store_->has(module + ".qweight") || store_->has(module + ".weight");
+      li.present = has_linear(module);
       info.problems.push_back(e.what());
     }
     info.linears.push_back(li);
@@ -354,7 +473,7 @@ LayerInfo Checkpoint::describe_layer(int64_t L) const {
   if (info.kind == LayerKind::Dense) {
     // Dense MLP layers are not run by wna16; their tensors may be absent (synth omits nothing
     // here, real checkpoints have them). Check them when present.
-    if (c.dense_inter > 0 && c.arch != Arch::Mixtral && (store_->has(n.dense(0) + ".qweight") || store_->has(n.dense(0) + ".weight"))) {
+    if (c.dense_inter > 0 && c.arch != Arch::Mixtral && has_linear(n.dense(0))) {
       add(n.dense(0), c.hidden, c.dense_inter);
       add(n.dense(1), c.hidden, c.dense_inter);
       add(n.dense(2), c.dense_inter, c.hidden);

@@ -22,6 +22,18 @@ constexpr ArchRow kArchs[] = {
     {Arch::DeepseekV3, "deepseek_v3"},
 };
 
+// model_type values of models built on another family's architecture: same config keys, tensor
+// names and routing. Kimi-K2 (Moonshot) is DeepseekV3ForCausalLM saved with model_type "kimi_k2"
+// so that engines can tell the two apart (its deployment guide; engines without kimi_k2 are told
+// to set model_type to deepseek_v3).
+struct ModelTypeAlias {
+  const char* model_type;
+  Arch arch;
+};
+constexpr ModelTypeAlias kModelTypeAliases[] = {
+    {"kimi_k2", Arch::DeepseekV3},
+};
+
 // Alternative spellings of config.json keys, per architecture: the one place they are resolved.
 // The canonical key is the one transformers 4.x and the model's original repository write; an
 // alternative is accepted when a config class maps it onto that field. Each row names its source.
@@ -78,8 +90,11 @@ std::vector<std::string> arch_names() {
 Arch parse_arch(const std::string& model_type) {
   for (const auto& r : kArchs)
     if (model_type == r.name) return r.a;
+  for (const auto& r : kModelTypeAliases)
+    if (model_type == r.model_type) return r.arch;
   std::string known;
   for (const auto& r : kArchs) known += std::string(known.empty() ? "" : ", ") + r.name;
+  for (const auto& r : kModelTypeAliases) known += std::string(", ") + r.model_type + " (as " + arch_name(r.arch) + ")";
   throw Error("model_type " + io::quoted(model_type) + " is not a supported MoE architecture (supported: " + known + ")");
 }
 
@@ -99,6 +114,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.origin = origin;
   if (!j.is_object()) throw Error(origin + ": not a JSON object");
   const std::string mt = o.req_str("model_type");
+  c.model_type = mt;
   try {
     c.arch = parse_arch(mt);
   } catch (const Error& e) {

@@ -1,14 +1,17 @@
-// Synthetic checkpoints in the exact Hugging Face layout AutoGPTQ / GPTQModel / AutoAWQ write:
+// Synthetic checkpoints in the exact Hugging Face layout AutoGPTQ / GPTQModel / AutoAWQ /
+// llm-compressor (compressed-tensors pack-quantized) write:
 // config.json with quantization_config (+ quantize_config.json for GPTQ), sharded safetensors
 // model-0000i-of-0000n.safetensors + model.safetensors.index.json, per-expert tensor names,
 // fp16 routers. Only MLP tensors are written: attention, norms, embeddings and lm_head are
 // omitted (wna16 never reads them); DeepSeek's dense layer 0 gets a small quantized dense MLP.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
 #include "io/json_util.h"
+#include "io/quant_util.h"
 #include "wna16/checkpoint.h"
 #include "wna16/error.h"
 
@@ -54,6 +57,41 @@ const char* hf_architecture(Arch a) {
 
 using OJ = nlohmann::ordered_json;
 
+// llm-compressor's quantization_config for one weight-only group on every Linear (its W4A16 /
+// W8A16 presets, with this checkpoint's options); `ignore` names each unquantized Linear, as
+// compressed-tensors consolidates it on save.
+OJ ct_quant_json(const SynthOptions& o, const std::vector<std::string>& ignore) {
+  OJ w;
+  w["actorder"] = o.desc_act ? OJ("group") : o.actorder_weight ? OJ("weight") : OJ(nullptr);
+  w["block_structure"] = nullptr;
+  w["dynamic"] = false;
+  w["group_size"] = o.group_size > 0 ? OJ(o.group_size) : OJ(nullptr);
+  w["num_bits"] = o.bits;
+  w["observer"] = "minmax";
+  w["observer_kwargs"] = OJ::object();
+  w["strategy"] = o.group_size > 0 ? "group" : "channel";
+  w["symmetric"] = !o.asym;
+  w["type"] = "int";
+  OJ g;
+  g["format"] = "pack-quantized";
+  g["input_activations"] = nullptr;
+  g["output_activations"] = nullptr;
+  g["targets"] = OJ::array({"Linear"});
+  g["weights"] = w;
+  OJ q;
+  q["config_groups"]["group_0"] = g;
+  q["format"] = "pack-quantized";
+  q["global_compression_ratio"] = nullptr;
+  q["ignore"] = ignore;
+  q["kv_cache_scheme"] = nullptr;
+  q["quant_method"] = "compressed-tensors";
+  q["quantization_status"] = "compressed";
+  q["sparsity_config"] = OJ::object();
+  q["transform_config"] = OJ::object();
+  q["version"] = "0.12.2";
+  return q;
+}
+
 OJ quant_json(const SynthOptions& o, bool for_quantize_config_json) {
   OJ q;
   if (o.format == Format::Awq) {
@@ -98,7 +136,7 @@ OJ config_json(const SynthOptions& o, const SynthShape& s) {
   c["rms_norm_eps"] = 1e-6;
   c["hidden_act"] = "silu";
   c["tie_word_embeddings"] = false;
-  c["torch_dtype"] = "float16";
+  c["torch_dtype"] = o.compressed_tensors ? "bfloat16" : "float16";
   switch (o.arch) {
     case Arch::Mixtral:
       c["num_local_experts"] = s.experts;
@@ -138,7 +176,7 @@ OJ config_json(const SynthOptions& o, const SynthShape& s) {
       break;
     }
   }
-  c["quantization_config"] = quant_json(o, false);
+  if (!o.compressed_tensors) c["quantization_config"] = quant_json(o, false);
   return c;
 }
 
@@ -165,10 +203,10 @@ class Writer {
   // order (input_order), else one of its own.
   void linear(const std::string& module, int64_t K, int64_t N, const std::vector<int32_t>& order = {}) {
     QuantScheme s;
-    s.format = o_.format;
+    s.format = o_.compressed_tensors ? Format::GptqV2 : o_.format;  // v2: zero points as compressed-tensors stores them
     s.bits = o_.bits;
     s.group_size = o_.group_size;
-    s.sym = o_.format == Format::Awq ? false : !o_.asym;
+    s.sym = s.format == Format::Awq ? false : !o_.asym;
     s.act_order = o_.desc_act;
     QuantizedLinear q;
     try {
@@ -178,7 +216,9 @@ class Writer {
                   "): " + e.what());
     }
     const int64_t G = s.num_groups(K);
-    if (s.format == Format::Awq) {
+    if (o_.compressed_tensors) {
+      ct_tensors(module, q, G);
+    } else if (s.format == Format::Awq) {
       tensors.push_back(tensor_i32(module + ".qweight", {K, N / 8}, q.qweight));
       tensors.push_back(tensor_i32(module + ".qzeros", {G, N / 8}, q.qzeros));
       tensors.push_back(tensor_f16(module + ".scales", {G, N}, q.scales));
@@ -195,7 +235,27 @@ class Writer {
     }
   }
 
+  // A dense 16-bit tensor in the model's dtype (bf16 for compressed-tensors, as llm-compressor saves).
+  TensorToWrite model_dtype(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v) const {
+    return o_.compressed_tensors ? tensor_bf16(name, std::move(shape), v) : tensor_f16(name, std::move(shape), v);
+  }
+
  private:
+  // The GPTQ v2 linear q in compressed-tensors' pack-quantized layout: the same fields, word
+  // matrices transposed to [out, ...] (formats.md), scales in bf16, weight_shape [out, in] as I64.
+  void ct_tensors(const std::string& module, const QuantizedLinear& q, int64_t G) {
+    const int64_t K = q.K, N = q.N, b = q.scheme.bits;
+    tensors.push_back(tensor_i32(module + ".weight_packed", {N, K * b / 32}, io::transpose(q.qweight, K * b / 32, N)));
+    tensors.push_back(tensor_bf16(module + ".weight_scale", {N, G}, io::transpose(q.scales, G, N)));
+    std::vector<uint8_t> shape(16);
+    const int64_t dims[2] = {N, K};
+    std::memcpy(shape.data(), dims, 16);
+    tensors.push_back(TensorToWrite{module + ".weight_shape", StDtype::I64, {2}, std::move(shape)});
+    if (!q.scheme.sym)
+      tensors.push_back(tensor_i32(module + ".weight_zero_point", {N * b / 32, G}, io::transpose(q.qzeros, G, N * b / 32)));
+    if (o_.desc_act) tensors.push_back(tensor_i32(module + ".weight_g_idx", {K}, q.g_idx));
+  }
+
   const SynthOptions& o_;
   std::mt19937_64& rng_;
 };
@@ -209,8 +269,15 @@ std::string shard_name(size_t i, size_t n) {
 }  // namespace
 
 SynthResult synth_checkpoint(const SynthOptions& o) {
-  if (o.format == Format::Awq && o.bits != 4) throw Error("synth: AWQ is 4-bit only (got --bits " + std::to_string(o.bits) + ")");
-  if (o.format == Format::Awq && o.desc_act) throw Error("synth: --desc-act is a GPTQ option; AWQ has no act-order");
+  if (o.compressed_tensors) {
+    if (o.desc_act && o.actorder_weight) throw Error("synth: actorder is either \"group\" (--desc-act) or \"weight\", not both");
+    if ((o.desc_act || o.actorder_weight) && o.group_size <= 0)
+      throw Error("synth: compressed-tensors actorder needs strategy \"group\" (a positive --group-size, got " + std::to_string(o.group_size) + ")");
+  } else {
+    if (o.actorder_weight) throw Error("synth: actorder \"weight\" is a compressed-tensors option (--format compressed-tensors)");
+    if (o.format == Format::Awq && o.bits != 4) throw Error("synth: AWQ is 4-bit only (got --bits " + std::to_string(o.bits) + ")");
+    if (o.format == Format::Awq && o.desc_act) throw Error("synth: --desc-act is a GPTQ option; AWQ has no act-order");
+  }
   if (o.bits != 4 && o.bits != 8) throw Error("synth: --bits " + std::to_string(o.bits) + " is not supported (4 or 8)");
   if (o.layers < 1 || o.layers > 1000) throw Error("synth: --layers " + std::to_string(o.layers) + " is out of range [1, 1000]");
   if (o.max_shard_size < 1) throw Error("synth: --max-shard-size must be positive");
@@ -221,11 +288,22 @@ SynthResult synth_checkpoint(const SynthOptions& o) {
   if (ec) throw Error("synth: cannot create " + o.dir + ": " + ec.message());
 
   const SynthShape s = shape_for(o.arch);
-  const std::string config_text = config_json(o, s).dump(2) + "\n";
+  OJ config = config_json(o, s);
   // Parse our own config back: the layer rules and widths come from the same code `run` uses.
-  const ModelConfig cfg = parse_model_config(config_text, o.dir + "/config.json");
+  const ModelConfig cfg = parse_model_config(config.dump(), o.dir + "/config.json");
+  if (o.compressed_tensors) {
+    std::vector<std::string> ignore;  // the unquantized Linears: routers (and Qwen's shared-expert gate), lm_head
+    for (int64_t L = 0; L < o.layers; ++L) {
+      if (!cfg.is_moe(L)) continue;
+      ignore.push_back(cfg.mlp_prefix(L) + ".gate");
+      if (cfg.layer_spec(L).shared_kind == SharedExpertKind::SigmoidGated) ignore.push_back(cfg.mlp_prefix(L) + ".shared_expert_gate");
+    }
+    ignore.push_back("lm_head");
+    config["quantization_config"] = ct_quant_json(o, ignore);
+  }
+  const std::string config_text = config.dump(2) + "\n";
   // Fails early (before any file is written) on a format the kernels lack.
-  parse_quant_config(quant_json(o, false).dump(), o.dir + "/config.json", "quantization_config");
+  parse_quant_config(config["quantization_config"].dump(), o.dir + "/config.json", "quantization_config");
 
   std::mt19937_64 rng(o.seed);
   Writer w(o, rng);
@@ -242,7 +320,7 @@ SynthResult synth_checkpoint(const SynthOptions& o) {
     res.moe_layers.push_back(L);
     const MoeLayerSpec spec = cfg.layer_spec(L);
     // Router logits ~ N(0, 1) for unit-variance hidden states.
-    w.tensors.push_back(tensor_f16(p + ".gate.weight", {s.experts, s.hidden},
+    w.tensors.push_back(w.model_dtype(p + ".gate.weight", {s.experts, s.hidden},
                                    w.normal(size_t(s.experts * s.hidden), 1.0 / std::sqrt(double(s.hidden)))));
     if (o.arch == Arch::DeepseekV3)  // DeepSeek-V3 keeps this bias in fp32
       w.tensors.push_back(tensor_f32(p + ".gate.e_score_correction_bias", {s.experts}, w.normal(size_t(s.experts), 0.1)));
@@ -269,7 +347,7 @@ SynthResult synth_checkpoint(const SynthOptions& o) {
       w.linear(sp + "down_proj", spec.shared_inter, spec.hidden);
     }
     if (spec.shared_kind == SharedExpertKind::SigmoidGated)
-      w.tensors.push_back(tensor_f16(p + ".shared_expert_gate.weight", {1, s.hidden},
+      w.tensors.push_back(w.model_dtype(p + ".shared_expert_gate.weight", {1, s.hidden},
                                      w.normal(size_t(s.hidden), 1.0 / std::sqrt(double(s.hidden)))));
   }
 
@@ -305,7 +383,7 @@ SynthResult synth_checkpoint(const SynthOptions& o) {
     write_file_atomic(o.dir + "/model.safetensors.index.json", index.dump(2) + "\n");
     res.files.push_back("model.safetensors.index.json");
   }
-  if (o.format != Format::Awq) {
+  if (o.format != Format::Awq && !o.compressed_tensors) {
     write_file_atomic(o.dir + "/quantize_config.json", quant_json(o, true).dump(2) + "\n");
     res.files.push_back("quantize_config.json");
   }

@@ -1,6 +1,7 @@
 // libFuzzer target: config.json (model config, layer rules, MoE specs) and the quantization config
 // parsers in their three key variants (quantization_config, quantize_config.json, quant_config.json),
-// and the matching of every GPTQModel `dynamic` pattern they compiled against a few module names.
+// and the matching of every GPTQModel `dynamic` pattern and compressed-tensors target / ignore entry
+// they compiled against a few module names.
 // Seeds: tests/data/fuzz/config. Run by scripts/fuzz.
 #include <cstddef>
 #include <cstdint>
@@ -49,6 +50,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       // time, so a hostile pattern cannot turn into a timeout here.
       for (const std::string& name : module_names()) {
         for (const auto& r : q.dynamic) (void)r.re.matches(name);
+        for (const auto& t : q.ct_ignore) (void)t.match_rank(name);
+        for (const auto& g : q.ct_groups)
+          for (const auto& t : g.targets) (void)t.match_rank(name);
         try {
           (void)q.scheme_for(name);
         } catch (const wna16::Error&) {

@@ -20,6 +20,8 @@ using Tensors = std::vector<TensorToWrite>;
 // Expert linear every tensor case breaks: Mixtral down projection, K = I = 256, N = H = 256.
 const std::string kMod = "model.layers.1.block_sparse_moe.experts.2.w2";
 const std::string kRouter = "model.layers.1.block_sparse_moe.gate.weight";
+// The first linear the loader reads: where a config-wide contradiction is found (K = N = 256).
+const std::string kFirst = "model.layers.1.block_sparse_moe.experts.0.w1";
 
 enum class Inspect { Fails, Passes, Skip };
 
@@ -32,6 +34,7 @@ struct BrokenCase {
   bool sharded = false;
   int64_t layer = 1;
   std::string inspect_message = "";  // what inspect must print, when not `message`
+  bool ct = false;  // a compressed-tensors checkpoint (asym, actorder group: every tensor kind present)
 };
 
 void PrintTo(const BrokenCase& c, std::ostream* os) { *os << c.name; }
@@ -90,6 +93,86 @@ std::string model(const std::string& dir) { return dir + "/model.safetensors"; }
 std::string shard_of(const std::string& dir, const std::string& tensor) {
   auto j = nlohmann::json::parse(test::read_file(dir + "/model.safetensors.index.json"));
   return j["weight_map"][tensor].get<std::string>();
+}
+
+// Rewrites config.json's quantization_config through fn.
+void edit_qc(const std::string& dir, const std::function<void(nlohmann::ordered_json&)>& fn) {
+  auto j = nlohmann::ordered_json::parse(test::read_file(dir + "/config.json"));
+  fn(j["quantization_config"]);
+  test::write_file(dir + "/config.json", j.dump(2));
+}
+
+// compressed-tensors: tensors that contradict the format or the config (kMod: K = N = 256, 2 groups).
+void add_ct_cases(std::vector<BrokenCase>& v) {
+  auto add = [&](BrokenCase c) {
+    c.ct = true;
+    v.push_back(std::move(c));
+  };
+  add({"ct_missing_weight_shape", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) { drop_prefix(ts, kMod + ".weight_shape"); });
+       }, "missing tensor " + kMod + ".weight_shape (next to "});
+  add({"ct_weight_shape_contradicts_config", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) {
+           const int64_t v[2] = {256, 512};
+           std::memcpy(must(ts, kMod + ".weight_shape").data.data(), v, 16);
+         });
+       }, kMod + ".weight_shape = [256, 512] but the config gives this linear [out, in] = [256, 256]"});
+  add({"ct_packed_dim_mismatch", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) { must(ts, kMod + ".weight_packed").shape = {32, 256}; });
+       }, kMod + ".weight_packed has shape [32, 256] but K=256, N=256 at 4 bits (compressed-tensors, [out, in*bits/32], "
+          "packed along the input) needs [256, 32]"});
+  add({"ct_packed_wrong_dtype", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) { must(ts, kMod + ".weight_packed").dtype = StDtype::U32; });
+       }, kMod + ".weight_packed has dtype U32, expected I32"});
+  add({"ct_scale_wrong_dtype", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) { must(ts, kMod + ".weight_scale").dtype = StDtype::I16; });
+       }, kMod + ".weight_scale has dtype I16, expected F16, BF16 or F32"});
+  add({"ct_zero_point_packed_along_input", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) { must(ts, kMod + ".weight_zero_point").shape = {2, 32}; });
+       }, kMod + ".weight_zero_point has shape [2, 32] but K=256 with group_size=128 (2 groups) at 4 bits "
+          "(compressed-tensors, packed along the output) needs [32, 2]"});
+  add({"ct_missing_zero_point", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) { drop_prefix(ts, kMod + ".weight_zero_point"); });
+       }, "missing tensor " + kMod + ".weight_zero_point ("});
+  add({"ct_missing_g_idx", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) { drop_prefix(ts, kMod + ".weight_g_idx"); });
+       }, "missing tensor " + kMod + ".weight_g_idx ("});
+  add({"ct_g_idx_out_of_range", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) {
+           const int32_t bad = 7;
+           std::memcpy(must(ts, kMod + ".weight_g_idx").data.data() + 4 * 9, &bad, 4);
+         });
+       }, kMod + ".weight_g_idx[9] = 7 is not a group index in [0, 2)", Inspect::Passes});
+  add({"ct_packed_and_qweight", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) { ts.push_back(tensor_i32(kMod + ".qweight", {32, 256}, std::vector<int32_t>(8192))); });
+       }, "has both .qweight and .weight_packed"});
+  // -- compressed-tensors config that contradicts the tensors
+  add({"ct_config_symmetric_vs_zero_point", [](auto& d, auto&) {
+         edit_qc(d, [](auto& q) { q["config_groups"]["group_0"]["weights"]["symmetric"] = true; });
+       }, kFirst + ".weight_zero_point is present but " });
+  add({"ct_config_bits_vs_packed", [](auto& d, auto&) {
+         edit_qc(d, [](auto& q) { q["config_groups"]["group_0"]["weights"]["num_bits"] = 8; });
+       }, kFirst + ".weight_packed has shape [256, 32] but K=256, N=256 at 8 bits"});
+  add({"ct_config_group_size_vs_scale", [](auto& d, auto&) {
+         edit_qc(d, [](auto& q) { q["config_groups"]["group_0"]["weights"]["group_size"] = 64; });
+       }, kFirst + ".weight_scale has shape [256, 2] but K=256 with group_size=64 (4 groups) ([out, groups]) needs [256, 4]"});
+  add({"ct_config_no_actorder_vs_g_idx", [](auto& d, auto&) {
+         edit_qc(d, [](auto& q) { q["config_groups"]["group_0"]["weights"]["actorder"] = "weight"; });
+       }, kFirst + ".weight_g_idx is present but "});
+  add({"ct_config_ignores_packed_module", [](auto& d, auto&) {
+         edit_qc(d, [](auto& q) { q["ignore"].push_back("re:.*experts\\.2\\.w2$"); });
+       }, "leaves module " + kMod + " unquantized (in ignore, or no config_groups target matches it)"});
+  add({"ct_config_targets_dense_router", [](auto& d, auto&) { edit_qc(d, [](auto& q) { q["ignore"] = {"lm_head"}; }); },
+       kRouter + " is dense, but "});
+  add({"ct_config_weight_only", [](auto& d, auto&) {
+         edit_qc(d, [](auto& q) { q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}, {"type", "int"}}; });
+       }, "config_groups.group_0.input_activations = {\"num_bits\":8,\"type\":\"int\"} is not supported"});
+  add({"ct_config_format", [](auto& d, auto&) {
+         edit_qc(d, [](auto& q) { q["config_groups"]["group_0"]["format"] = "naive-quantized"; });
+       }, "quantization_config.config_groups.group_0.format = \"naive-quantized\" is not supported"});
+  add({"ct_config_gptq_method", [](auto& d, auto&) {
+         edit_qc(d, [](auto& q) { q = {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 128}}; });
+       }, kFirst + ".weight_packed is compressed-tensors pack-quantized, but the quantization config is gptq"});
 }
 
 std::vector<BrokenCase> cases() {
@@ -232,7 +315,7 @@ std::vector<BrokenCase> cases() {
          edit_config(d, "\"checkpoint_format\": \"gptq\"", "\"checkpoint_format\": \"marlin\"");
        }, "quantization_config.checkpoint_format = \"marlin\" is not supported"});
   add({"config_awq_gemv", [](auto& d, auto&) {
-         edit_config(d, "\"quant_method\": \"gptq\"", "\"quant_method\": \"awq\", \"version\": \"gemv\"");
+         edit_qc(d, [](auto& q) { q = {{"quant_method", "awq"}, {"zero_point", true}, {"group_size", 128}, {"bits", 4}, {"version", "gemv"}}; });
        }, "quantization_config.version = \"gemv\" is not supported"});
   add({"config_bits_3", [](auto& d, auto&) { edit_config(d, "\"bits\": 4", "\"bits\": 3"); },
        "quantization_config.bits = 3 is a valid GPTQ width, but wna16's kernels support 4 and 8 bits only"});
@@ -280,6 +363,7 @@ std::vector<BrokenCase> cases() {
   BrokenCase range{"layer_out_of_range", [](auto&, auto&) {}, "layer 7 does not exist", Inspect::Skip};
   range.layer = 7;
   add(range);
+  add_ct_cases(v);
   return v;
 }
 
@@ -289,7 +373,9 @@ TEST_P(BrokenCorpus, ClearErrorNoCrashOutputUntouched) {
   const BrokenCase& c = GetParam();
   ScratchDir d;
   const std::string dir = d / "model", x = d / "x.safetensors", out_dir = d / "out", y = out_dir + "/y.safetensors";
-  synth_checkpoint(test::synth_opts(dir, c.arch, Format::GptqV1, 4, /*desc_act=*/true, false, c.sharded));
+  SynthOptions o = test::synth_opts(dir, c.arch, Format::GptqV1, 4, /*desc_act=*/true, /*asym=*/c.ct, c.sharded);
+  o.compressed_tensors = c.ct;
+  synth_checkpoint(o);
   test::write_random_input(x, 3, 256, DType::BF16);
   test::fs::create_directory(out_dir);
   test::write_file(y, "an existing output that must survive");

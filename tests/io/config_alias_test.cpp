@@ -1,7 +1,8 @@
 // config.json key spellings: every alternative spelling in the alias table (src/io/model_config.cpp)
 // parses to the same ModelConfig as the canonical key; two spellings that disagree are refused
 // naming both; a missing field names its alternatives; aliases stay within their family; a synth'd
-// checkpoint re-saved with the transformers 5 spelling still opens with the same layer specs.
+// checkpoint re-saved with the transformers 5 spelling still opens with the same layer specs;
+// model_type aliases (kimi_k2) run as their base architecture.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -250,6 +251,42 @@ TEST(ConfigAlias, SynthCheckpointResavedWithTransformers5SpellingOpens) {
       EXPECT_TRUE(after.describe_layer(L).problems.empty()) << "layer " << L;
     }
   }
+}
+
+
+// Kimi-K2's published config (MoE keys): DeepSeek-V3's architecture under model_type "kimi_k2".
+const char* kKimiK2 = R"({"model_type":"kimi_k2","architectures":["DeepseekV3ForCausalLM"],"hidden_size":7168,
+  "intermediate_size":18432,"moe_intermediate_size":2048,"n_routed_experts":384,"n_shared_experts":1,
+  "num_experts_per_tok":8,"topk_method":"noaux_tc","n_group":1,"topk_group":1,"routed_scaling_factor":2.827,
+  "norm_topk_prob":true,"scoring_func":"sigmoid","first_k_dense_replace":1,"moe_layer_freq":1,
+  "num_hidden_layers":61,"num_nextn_predict_layers":0})";
+
+TEST(ModelTypeAlias, KimiK2RunsAsDeepseekV3) {
+  const ModelConfig k = parse_model_config(kKimiK2, "dir/config.json");
+  EXPECT_EQ(k.arch, Arch::DeepseekV3);
+  EXPECT_EQ(k.model_type, "kimi_k2");
+  const std::string as_v3 = with_key(kKimiK2, "model_type", "deepseek_v3");
+  expect_same_spec(k.layer_spec(1), parse_model_config(as_v3, "dir/config.json").layer_spec(1));
+  EXPECT_EQ(k.layer_spec(1).routing.num_experts, 384);
+  EXPECT_EQ(k.layer_kind(0), LayerKind::Dense);
+  // the refusal lists it
+  const std::string err = parse_error(with_key(kKimiK2, "model_type", "kimi_k3"));
+  EXPECT_NE(err.find("kimi_k2 (as deepseek_v3)"), std::string::npos) << err;
+}
+
+TEST(ModelTypeAlias, KimiK2CheckpointInspectsAndRuns) {
+  test::ScratchDir d;
+  SynthOptions o = test::synth_opts(d / "m", Arch::DeepseekV3, Format::GptqV2);
+  o.compressed_tensors = true;  // Kimi-K2-Thinking ships compressed-tensors int4
+  synth_checkpoint(o);
+  test::write_file(o.dir + "/config.json", with_key(test::read_file(o.dir + "/config.json"), "model_type", "kimi_k2"));
+  auto i = test::run_cli("inspect " + o.dir);
+  EXPECT_EQ(i.exit_code, 0) << i.out << i.err;
+  EXPECT_NE(i.out.find("architecture: deepseek_v3 (model_type kimi_k2)"), std::string::npos) << i.out;
+  const std::string x = d / "x.safetensors", y = d / "y.safetensors";
+  test::write_random_input(x, 5, 256, DType::BF16);
+  auto r = test::run_cli("run " + o.dir + " --layer 1 --input " + x + " --output " + y + " --device cpu --check");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 
 #include "io_test_util.h"
 #include "wna16/checkpoint.h"
@@ -33,6 +34,13 @@ TEST(FuzzSeeds, Write) {
   write_safetensors(st_dir + "/awq_linear.safetensors",
                     {tensor_i32("w.qweight", {8, 1}, std::vector<int32_t>(8, -1)), tensor_i32("w.qzeros", {1, 1}, {0x01234567}),
                      tensor_f16("w.scales", {1, 8}, std::vector<float>(8, 0.5f))});
+  write_safetensors(st_dir + "/ct_linear.safetensors",  // compressed-tensors pack-quantized, asym, actorder group
+                    {tensor_i32(pre + ".weight_packed", {8, 2}, std::vector<int32_t>(16, 0x12345678)),
+                     tensor_bf16(pre + ".weight_scale", {8, 1}, std::vector<float>(8, 0.01f)),
+                     tensor_i32(pre + ".weight_zero_point", {1, 1}, {0x01234567}),
+                     tensor_i32(pre + ".weight_g_idx", {16}, std::vector<int32_t>(16, 0)),
+                     TensorToWrite{pre + ".weight_shape", StDtype::I64, {2}, {8, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0}}},
+                    {{"format", "pt"}});
   write_safetensors(st_dir + "/hidden_states.safetensors", {tensor_bf16("hidden_states", {2, 4}, std::vector<float>(8, 1.0f))});
   write_safetensors(st_dir + "/empty.safetensors", {});
   test::write_file(st_dir + "/unaligned.safetensors",
@@ -69,6 +77,10 @@ TEST(FuzzSeeds, Write) {
 "moe_intermediate_size":2048,"n_routed_experts":256,"n_shared_experts":1,"num_experts_per_tok":8,"topk_method":"noaux_tc",
 "n_group":8,"topk_group":4,"routed_scaling_factor":2.5,"norm_topk_prob":true,"scoring_func":"sigmoid","first_k_dense_replace":3,
 "moe_layer_freq":1,"num_hidden_layers":61,"num_nextn_predict_layers":1})");
+  test::write_file(cfg_dir + "/kimi_k2_real.json", R"({"model_type":"kimi_k2","hidden_size":7168,"intermediate_size":18432,
+"moe_intermediate_size":2048,"n_routed_experts":384,"n_shared_experts":1,"num_experts_per_tok":8,"topk_method":"noaux_tc",
+"n_group":1,"topk_group":1,"routed_scaling_factor":2.827,"norm_topk_prob":true,"scoring_func":"sigmoid","first_k_dense_replace":1,
+"moe_layer_freq":1,"num_hidden_layers":61,"num_nextn_predict_layers":0})");
   test::write_file(cfg_dir + "/qwen2_moe_sparse_step.json", R"({"model_type":"qwen2_moe","hidden_size":64,"moe_intermediate_size":32,
 "shared_expert_intermediate_size":64,"num_experts":4,"num_experts_per_tok":2,"num_hidden_layers":6,"decoder_sparse_step":2,
 "mlp_only_layers":[3],"norm_topk_prob":null})");
@@ -79,6 +91,26 @@ TEST(FuzzSeeds, Write) {
 "dynamic":{"-:.*\\.shared_expert\\..*":{},"+:.*\\.experts\\.[0-9]+\\.down_proj":{"bits":8,"group_size":64},".*gate":{"desc_act":true}}})");
   test::write_file(cfg_dir + "/awq_modules_to_not_convert.json", R"({"quant_method":"awq","zero_point":true,"group_size":128,
 "bits":4,"version":"gemm","modules_to_not_convert":["gate","model.layers.0."]})");
+  {  // compressed-tensors: a whole config.json from synth, and quantization_config objects alone
+    test::ScratchDir d;
+    SynthOptions o = test::synth_opts(d / "m", Arch::Qwen2Moe, Format::GptqV2, 4, true, true);
+    o.compressed_tensors = true;
+    o.layers = 1;
+    synth_checkpoint(o);
+    const std::string cfg = test::read_file(d / "m/config.json");
+    test::write_file(cfg_dir + "/qwen2_moe_compressed_tensors.json", cfg);
+    test::write_file(cfg_dir + "/ct_quantization_config.json",
+                     nlohmann::ordered_json::parse(cfg)["quantization_config"].dump());
+  }
+  test::write_file(cfg_dir + "/ct_groups_regex_ignore.json", R"({"quant_method":"compressed-tensors","format":"mixed-precision",
+"quantization_status":"compressed","ignore":["lm_head","re:.*mlp\.gate$","model.layers.0.mlp.experts.1.up_proj"],
+"config_groups":{"group_0":{"format":"pack-quantized","targets":["Linear"],"weights":{"num_bits":4,"symmetric":true,
+"strategy":"group","group_size":128,"actorder":"weight"}},"group_1":{"format":"pack-quantized","targets":["re:.*down_proj$"],
+"weights":{"num_bits":8,"symmetric":false,"strategy":"channel","actorder":null,"type":"INT"}},"group_2":{"format":"pack-quantized",
+"targets":["model.layers.0.mlp.experts.0.gate_proj"],"weights":{"num_bits":4,"group_size":32,"actorder":true}}}})");
+  test::write_file(cfg_dir + "/broken_ct_int_quantized.json", R"({"quant_method":"compressed-tensors","format":"int-quantized",
+"config_groups":{"group_0":{"targets":["Linear"],"weights":{"num_bits":8,"strategy":"channel"},"input_activations":{"num_bits":8,
+"strategy":"token","dynamic":true}}}})");
   test::write_file(cfg_dir + "/broken_marlin.json", R"({"quant_method":"gptq","bits":4,"group_size":128,"checkpoint_format":"marlin"})");
 }
 

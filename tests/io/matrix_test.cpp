@@ -1,5 +1,6 @@
-// The must-show matrix of issue 4: for each of the five architectures and each of {gptq 4-bit sym,
-// gptq 4-bit desc_act, gptq 8-bit, gptq_v2 asym, awq}: synth -> inspect -> run --check through the
+// The must-show matrix of issues 4 and 29: for each of the five architectures and each of {gptq
+// 4-bit sym, gptq 4-bit desc_act, gptq 8-bit, gptq_v2 asym, awq, compressed-tensors 4-bit sym,
+// 4-bit asym actorder group, 8-bit channel}: synth -> inspect -> run --check through the
 // CLI, on the CPU (and on the GPU when this build has CUDA and a GPU is present). Prints the table.
 #include <gtest/gtest.h>
 
@@ -26,6 +27,9 @@ TEST(CheckpointMatrix, SynthInspectRunCheckAllArchitecturesAndFormats) {
       {"gptq 8-bit", "--format gptq --bits 8"},
       {"gptq_v2 4-bit asym", "--format gptq_v2 --bits 4 --asym"},
       {"awq 4-bit", "--format awq"},
+      {"compressed-tensors 4-bit sym", "--format compressed-tensors --bits 4"},
+      {"compressed-tensors 4-bit asym actorder", "--format compressed-tensors --bits 4 --asym --desc-act"},
+      {"compressed-tensors 8-bit channel", "--format compressed-tensors --bits 8 --group-size -1"},
   };
   std::vector<std::string> devices = {"cpu"};
   if (cuda_available()) devices.push_back("cuda");
@@ -66,7 +70,7 @@ TEST(CheckpointMatrix, SynthInspectRunCheckAllArchitecturesAndFormats) {
   }
   std::printf("\n%s\n%d/%d rows passed\n", table.c_str(), passed, rows);
   EXPECT_EQ(passed, rows);
-  EXPECT_GE(rows, 25);
+  EXPECT_GE(rows, 40);
 }
 
 }  // namespace

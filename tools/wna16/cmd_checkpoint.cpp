@@ -83,7 +83,8 @@ int run_inspect(const std::string& dir) {
   const Checkpoint ck = Checkpoint::open(dir);
   const ModelConfig& c = ck.config();
   std::printf("checkpoint: %s\n", dir.c_str());
-  std::printf("architecture: %s\n", arch_name(c.arch));
+  std::printf("architecture: %s%s\n", arch_name(c.arch),
+              c.model_type == arch_name(c.arch) ? "" : (" (model_type " + c.model_type + ")").c_str());
   std::printf("hidden_size: %lld, layers: %lld\n", static_cast<long long>(c.hidden), static_cast<long long>(c.num_layers));
 
   std::vector<int64_t> dense, moe, mtp;
@@ -118,10 +119,7 @@ int run_inspect(const std::string& dir) {
   for (int64_t L = 0; L < c.total_layers(); ++L) {
     LayerInfo li = ck.describe_layer(L);
     for (const auto& lin : li.linears) {
-      std::string how;
-      if (!lin.present) how = "missing";
-      else if (lin.quantized) how = lin.scheme.describe();
-      else how = "dense " + lin.dense_dtype;
+      const std::string how = !lin.present ? "missing" : lin.storage.empty() ? "unreadable (see problems)" : lin.storage;
       std::string kind = std::string(li.kind == LayerKind::Dense ? "dense layers: " : "") + module_role(lin.module);
       kinds[kind][how]++;
     }
@@ -165,7 +163,7 @@ int run_inspect(const std::string& dir) {
 // ---- synth -------------------------------------------------------------------------------
 
 struct SynthFlags {
-  std::string dir, arch, format;
+  std::string dir, arch, format, actorder;
   int bits = 4, group_size = 128;
   bool desc_act = false, asym = false;
   int64_t layers = 2;
@@ -187,10 +185,17 @@ int run_synth(const SynthFlags& f) {
   SynthOptions o;
   o.dir = f.dir;
   o.arch = parse_arch(f.arch);
-  o.format = parse_format(f.format);
+  o.compressed_tensors = f.format == "compressed-tensors";
+  if (!o.compressed_tensors) o.format = parse_format(f.format);
   o.bits = f.bits;
   o.group_size = f.group_size;
   o.desc_act = f.desc_act;
+  if (!f.actorder.empty()) {
+    if (!o.compressed_tensors) throw Error("--actorder is a compressed-tensors option (--format compressed-tensors); GPTQ uses --desc-act");
+    if (f.actorder != "group" && f.actorder != "weight") throw Error("--actorder '" + f.actorder + "' is not group or weight");
+    o.desc_act = o.desc_act || f.actorder == "group";
+    o.actorder_weight = f.actorder == "weight";
+  }
   o.asym = f.asym;
   o.layers = f.layers;
   o.max_shard_size = f.max_shard_size;
@@ -200,8 +205,9 @@ int run_synth(const SynthFlags& f) {
   const DType in_dtype = parse_act_dtype(f.input_dtype);
   const SynthResult r = synth_checkpoint(o);
   std::printf("synth: wrote %s: %s %s %d-bit g%d%s%s, %lld layers (MoE: %s), %s of tensors\n", f.dir.c_str(),
-              arch_name(o.arch), format_name(o.format), o.bits, o.group_size, o.desc_act ? " desc_act" : "",
-              o.asym || o.format == Format::Awq ? " asym" : " sym", static_cast<long long>(o.layers),
+              arch_name(o.arch), o.compressed_tensors ? "compressed-tensors" : format_name(o.format), o.bits, o.group_size,
+              o.desc_act ? (o.compressed_tensors ? " actorder group" : " desc_act") : o.actorder_weight ? " actorder weight" : "",
+              o.asym || (o.format == Format::Awq && !o.compressed_tensors) ? " asym" : " sym", static_cast<long long>(o.layers),
               ranges(r.moe_layers).c_str(), human_bytes(r.total_bytes).c_str());
   for (const auto& file : r.files) std::printf("  %s\n", file.c_str());
   if (!f.example_input.empty()) {
@@ -302,10 +308,11 @@ const CommandRegistrar kRegistrar([](CLI::App& root) {
     auto* sub = root.add_subcommand("synth", "write a small random GPTQ/AWQ MoE checkpoint in the Hugging Face layout");
     sub->add_option("DIR", f->dir, "output directory (must not exist or be empty)")->required();
     sub->add_option("--arch", f->arch, "model_type: mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3")->required();
-    sub->add_option("--format", f->format, "gptq, gptq_v2 or awq")->required();
+    sub->add_option("--format", f->format, "gptq, gptq_v2, awq or compressed-tensors (pack-quantized, as llm-compressor writes)")->required();
     sub->add_option("--bits", f->bits, "4 or 8 (AWQ: 4)")->capture_default_str();
     sub->add_option("--group-size", f->group_size, "group size (-1 = whole K)")->capture_default_str();
-    sub->add_flag("--desc-act", f->desc_act, "GPTQ act-order (non-monotonic g_idx)");
+    sub->add_flag("--desc-act", f->desc_act, "GPTQ act-order (non-monotonic g_idx); compressed-tensors: actorder group");
+    sub->add_option("--actorder", f->actorder, "compressed-tensors actorder: group (weight_g_idx written) or weight (no g_idx)");
     sub->add_flag("--asym", f->asym, "asymmetric GPTQ (stored zero points; AWQ always is)");
     sub->add_option("--layers", f->layers, "number of decoder layers")->capture_default_str();
     sub->add_option("--max-shard-size", f->max_shard_size, "bytes per safetensors shard")->capture_default_str();

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/routing_skew.h"
 #include "wna16/half.h"
 #include "wna16/quant.h"
 
@@ -22,6 +23,8 @@ struct BenchOptions {
   // CUDA only, a measurement flag: every layer call runs this row of the kernel table
   // (src/cuda/dispatch.h: m8, m32, m64, m144w) instead of the table's choice. Empty: the table.
   std::string gemm_config;
+  // Expert popularity the generated inputs impose on the layer's own routing (bench/routing_skew.h).
+  bench::RoutingOption routing;
 };
 
 // Both print a table to stdout and return 0 on success (non-zero if a correctness check of the

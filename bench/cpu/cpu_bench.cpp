@@ -15,6 +15,9 @@
 //  - Bytes per call: the checkpoint-form bytes (codes, f16 scales, zeros unless symmetric) of the
 //    experts that received tokens, the shared expert and the fp32 router, plus activations in and
 //    out. FLOPs: 2 M (k 3 I H + 3 I_shared H). Median time, min/max as the spread.
+//  - --routing zipf:S skews the generated router and activations (bench/routing_skew.h); per row,
+//    the tokens on the busiest and on an average active expert, from the reference routing of
+//    each input set (the bytes stay the layer's own count of the experts it ran).
 //  - Baselines in the same run: the float64 reference (small M only) and the single-threaded
 //    scalar per-expert loop (scalar_baseline.h, M <= 16).
 //  - --plot FILE.svg: time against M per preset, those baselines and the read-stream floor
@@ -38,6 +41,7 @@
 #include "bench/cpu/scalar_baseline.h"
 #include "bench/plot_svg.h"
 #include "bench/provenance.h"
+#include "bench/routing_skew.h"
 #include "cpu/cpu_layer.h"
 #include "cpu/kernels.h"
 #include "cpu/thread_pool.h"
@@ -200,9 +204,17 @@ Act random_act(int64_t n, DType act, uint64_t seed) {
   return a;
 }
 
-double error_vs_reference(MoeBackendLayer& layer, const MoeLayerSpec& spec, const MoeLayerWeights& w, int64_t M,
-                          DType act, uint64_t seed) {
-  const Act x = random_act(M * spec.hidden, act, seed);
+// --routing: the skew's x[:, 0] on both forms of rows x [rows, H].
+Act skewed(Act a, const bench::RoutingSkew& s, int64_t H, DType act) {
+  const int64_t rows = int64_t(a.values.size()) / H;
+  bench::skew_activations(s, a.values.data(), rows, H);
+  bench::skew_activations(s, a.bits.data(), rows, H, act);
+  return a;
+}
+
+double error_vs_reference(MoeBackendLayer& layer, const MoeLayerSpec& spec, const MoeLayerWeights& w,
+                          const bench::RoutingSkew& skew, int64_t M, DType act, uint64_t seed) {
+  const Act x = skewed(random_act(M * spec.hidden, act, seed), skew, spec.hidden, act);
   std::vector<uint16_t> out(x.bits.size(), 0xFFFF);  // NaN poison
   layer.forward_host(x.bits.data(), out.data(), M, act);
   std::vector<float> got(out.size());
@@ -217,6 +229,7 @@ struct CaseResult {
   double us = 0, us_min = 0, us_max = 0;
   int reps = 0;
   double experts = 0;  // mean routed experts with tokens
+  double tokens_max = 0, tokens_mean = 0;  // tokens on the busiest / an average active expert (mean over calls)
   double mbytes = 0;   // mean MB read per call
   double gbs = 0, pct_bw = 0, gflops = 0;
   double pct_adj = 0;  // median over calls of GB/s / the stream GB/s measured just before it
@@ -302,8 +315,8 @@ int run_cpu_bench(const BenchOptions& o) {
   const std::string commit = bench::git_commit(), date = bench::utc_now();
   std::printf("wna16 bench (cpu): %s, %d threads, ISA %s, LLC %.0f MiB\n", machine.c_str(), pool.size(),
               cpu::isa_name(isa), double(llc) / (1 << 20));
-  std::printf("date %s, commit %s, scheme %s, activations %s\n", date.c_str(), commit.c_str(),
-              o.scheme.describe().c_str(), dtype_name(act));
+  std::printf("date %s, commit %s, scheme %s, activations %s, routing %s\n", date.c_str(), commit.c_str(),
+              o.scheme.describe().c_str(), dtype_name(act), o.routing.name().c_str());
   std::printf("read bandwidth (%d threads, %.0f MiB streamed) at start: best %.2f GB/s, median %.2f GB/s\n",
               pool.size(), double(evict_bytes) / (1 << 20), bw_start, bw_med);
   std::printf("%%BW = GB/s / the best stream pass of the whole run (printed at the end); %%adj = median over calls\n"
@@ -318,14 +331,15 @@ int run_cpu_bench(const BenchOptions& o) {
     const int64_t H = spec.hidden, I = spec.inter, k = spec.routing.top_k;
     plot_presets.push_back({name, shape_of(spec), {}, {}});
     auto t_gen = Clock::now();
-    const MoeLayerWeights w = bench_layer(spec, o.scheme, 1234);
+    MoeLayerWeights w = bench_layer(spec, o.scheme, 1234);
+    const bench::RoutingSkew skew = bench::apply_routing(spec, o.routing, w, 1234);
     const double gen_s = since(t_gen);
     auto t_load = Clock::now();
     cpu::CpuMoeLayer layer(spec, w, isa);
     const double load_s = since(t_load);
 
     // Correctness of exactly this layer, before any timing.
-    const double err = error_vs_reference(layer, spec, w, 3, act, 99);
+    const double err = error_vs_reference(layer, spec, w, skew, 3, act, 99);
     const bool pass = err <= layer_tolerance(act);
     all_pass = all_pass && pass;
     const double codes = double(spec.routing.num_experts) * 3 * double(H * I) +
@@ -340,8 +354,9 @@ int run_cpu_bench(const BenchOptions& o) {
                     ? ""
                     : (" shared " + std::to_string(spec.shared_inter)).c_str(),
                 gen_s, load_s, err, layer_tolerance(act), pass ? "PASS" : "FAIL");
-    std::printf("%6s %10s %19s %8s %8s %8s %6s %5s %8s %11s %8s %11s %8s\n", "M", "us", "spread(min-max)", "experts",
-                "MB", "GB/s", "%adj", "cpu%", "GFLOP/s", "ref us", "x ref", "scalar us", "x scal");
+    std::printf("%6s %10s %19s %8s %8s %8s %6s %5s %8s %11s %8s %11s %8s %7s %7s\n", "M", "us", "spread(min-max)",
+                "experts", "MB", "GB/s", "%adj", "cpu%", "GFLOP/s", "ref us", "x ref", "scalar us", "x scal", "max/e",
+                "mean/e");
 
     for (int64_t M : ms) {
       CaseResult r;
@@ -350,7 +365,14 @@ int run_cpu_bench(const BenchOptions& o) {
       r.check_err = err;
       r.pass = pass;
       std::vector<Act> xs;
-      for (int i = 0; i < 4; ++i) xs.push_back(random_act(M * H, act, 1000 + uint64_t(M) * 10 + uint64_t(i)));
+      // Per set, the routing the reference computes for it (its bytes are the layer's own count).
+      std::vector<bench::CallCost> routed;
+      for (int i = 0; i < 4; ++i) {
+        xs.push_back(skewed(random_act(M * H, act, 1000 + uint64_t(M) * 10 + uint64_t(i)), skew, H, act));
+        const std::vector<int32_t> ids = bench::route_rows(spec, w, xs.back().values.data(), M);
+        const std::vector<int> counts = bench::expert_counts(ids.data(), M, int(k), spec.routing.num_experts);
+        routed.push_back(bench::call_cost(counts, M, {}));
+      }
       std::vector<uint16_t> out(size_t(M * H));
       const double flops = 2.0 * double(M) *
                            (double(k) * 3 * double(I) * double(H) +
@@ -375,6 +397,8 @@ int run_cpu_bench(const BenchOptions& o) {
         rel.push_back(100.0 * bytes / t / 1e9 / bw_now);
         bytes_sum += bytes;
         experts_sum += double(layer.last_stats().active_experts);
+        r.tokens_max += double(routed[size_t(rep) % xs.size()].max_tokens);
+        r.tokens_mean += routed[size_t(rep) % xs.size()].mean_tokens;
         if (rep + 1 >= 5 && since(t_case) > min_s) break;
         if (rep + 1 >= 3 && since(t_case) > 10 * min_s) break;
       }
@@ -384,6 +408,8 @@ int run_cpu_bench(const BenchOptions& o) {
       r.us_max = *std::max_element(times.begin(), times.end()) * 1e6;
       r.mbytes = bytes_sum / double(r.reps) / 1e6;
       r.experts = experts_sum / double(r.reps);
+      r.tokens_max /= double(r.reps);
+      r.tokens_mean /= double(r.reps);
       r.gbs = median(rates);
       r.pct_adj = median(rel);
       r.cpu_share = 100.0 * (process_cpu_seconds() - cpu_case) / (since(t_case) * pool.size());
@@ -404,11 +430,12 @@ int run_cpu_bench(const BenchOptions& o) {
         }
         r.base_us = median(bt) * 1e6;
       }
-      std::printf("%6lld %10.1f %19s %8.1f %8.2f %8.2f %5.1f%% %4.0f%% %8.1f %11s %8s %11s %8s\n", (long long)M, r.us,
+      std::printf("%6lld %10.1f %19s %8.1f %8.2f %8.2f %5.1f%% %4.0f%% %8.1f %11s %8s %11s %8s %7.1f %7.1f\n",
+                  (long long)M, r.us,
                   (fmt_or_na(r.us_min, "%.0f") + "-" + fmt_or_na(r.us_max, "%.0f")).c_str(), r.experts, r.mbytes,
                   r.gbs, r.pct_adj, r.cpu_share, r.gflops, fmt_or_na(r.ref_us, "%.0f").c_str(),
                   fmt_or_na(r.ref_us / r.us, "%.1f").c_str(), fmt_or_na(r.base_us, "%.0f").c_str(),
-                  fmt_or_na(r.base_us / r.us, "%.1f").c_str());
+                  fmt_or_na(r.base_us / r.us, "%.1f").c_str(), r.tokens_max, r.tokens_mean);
       std::fflush(stdout);
       results.push_back(r);
     }
@@ -431,13 +458,17 @@ int run_cpu_bench(const BenchOptions& o) {
     f << "{\n  \"device\": \"cpu\",\n  \"machine\": \"" << machine << "\",\n  \"threads\": " << pool.size()
       << ",\n  \"isa\": \"" << cpu::isa_name(isa) << "\",\n  \"date\": \"" << date << "\",\n  \"commit\": \"" << commit
       << "\",\n  \"scheme\": \"" << o.scheme.describe() << "\",\n  \"dtype\": \"" << dtype_name(act)
+      << "\",\n  \"routing\": \"" << o.routing.name()
       << "\",\n  \"read_bandwidth_gbs\": " << num(bw) << ",\n  \"read_bandwidth_start_median_gbs\": " << num(bw_med)
       << ",\n  \"cases\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const CaseResult& r = results[i];
       f << "    {\"model\": \"" << r.model << "\", \"M\": " << r.M << ", \"us\": " << num(r.us)
         << ", \"us_min\": " << num(r.us_min) << ", \"us_max\": " << num(r.us_max) << ", \"reps\": " << r.reps
-        << ", \"active_experts\": " << num(r.experts) << ", \"mbytes\": " << num(r.mbytes)
+        << ", \"routing\": \"" << o.routing.name() << "\", \"active_experts\": " << num(r.experts)
+        << ", \"tokens_per_expert_max\": " << num(r.tokens_max)
+        << ", \"tokens_per_expert_mean\": " << num(r.tokens_mean)
+        << ", \"mbytes\": " << num(r.mbytes)
         << ", \"gbs\": " << num(r.gbs) << ", \"pct_bw\": " << num(r.pct_bw) << ", \"pct_bw_adjacent\": " << num(r.pct_adj)
         << ", \"cpu_share_pct\": " << num(r.cpu_share) << ", \"gflops\": " << num(r.gflops)
         << ", \"ref_us\": " << num(r.ref_us) << ", \"speedup_ref\": " << num(r.ref_us / r.us)
@@ -451,7 +482,8 @@ int run_cpu_bench(const BenchOptions& o) {
     std::ofstream f(o.csv_path);
     if (!f) throw Error("bench: cannot write --csv " + o.csv_path);
     f << "device,machine,threads,isa,date,commit,scheme,dtype,read_bw_gbs,model,M,us,us_min,us_max,reps,"
-         "active_experts,mbytes,gbs,pct_bw,pct_bw_adjacent,cpu_share_pct,gflops,ref_us,speedup_ref,scalar_us,speedup_scalar,check_rel_err,pass\n";
+         "active_experts,mbytes,gbs,pct_bw,pct_bw_adjacent,cpu_share_pct,gflops,ref_us,speedup_ref,scalar_us,speedup_scalar,check_rel_err,pass,"
+         "routing,tokens_per_expert_max,tokens_per_expert_mean\n";
     for (const CaseResult& r : results)
       f << "cpu,\"" << machine << "\"," << pool.size() << "," << cpu::isa_name(isa) << "," << date << "," << commit
         << ",\"" << o.scheme.describe() << "\"," << dtype_name(act) << "," << num(bw) << "," << r.model << "," << r.M
@@ -459,11 +491,13 @@ int run_cpu_bench(const BenchOptions& o) {
         << num(r.experts) << "," << num(r.mbytes) << "," << num(r.gbs) << "," << num(r.pct_bw) << ","
         << num(r.pct_adj) << "," << num(r.cpu_share) << ","
         << num(r.gflops) << "," << num(r.ref_us) << "," << num(r.ref_us / r.us) << "," << num(r.base_us) << ","
-        << num(r.base_us / r.us) << "," << num(r.check_err) << "," << (r.pass ? "true" : "false") << "\n";
+        << num(r.base_us / r.us) << "," << num(r.check_err) << "," << (r.pass ? "true" : "false") << ","
+        << o.routing.name() << "," << num(r.tokens_max) << "," << num(r.tokens_mean) << "\n";
   }
   if (!o.plot_path.empty()) {
     bench::PlotInput plot = plot_input(std::move(plot_presets), results, bw);
-    plot.title = std::string("wna16 bench --device cpu: ") + o.scheme.describe() + ", " + dtype_name(act);
+    plot.title = std::string("wna16 bench --device cpu: ") + o.scheme.describe() + ", " + dtype_name(act) +
+                 (o.routing.uniform() ? "" : ", routing " + o.routing.name());
     plot.provenance = date + ", " + machine + " (" + std::to_string(pool.size()) + " threads, " + cpu::isa_name(isa) +
                       "), commit " + commit;
     bench::write_svg(plot, o.plot_path);

@@ -6,8 +6,9 @@
 // Method, per preset:
 //  1. Synthetic checkpoint tensors (bench_weights.h), loaded into L copies of CudaMoeLayer, L
 //     chosen so the copies total many times the L2 size (1 for DeepSeek-V3's 5.8 GB).
-//  2. A pool of P random token rows; the routing of every row is computed once (fp32 logits on
-//     the device, route_reference on the host) to count the experts each call touches.
+//  2. A pool of P random token rows (--routing zipf:S: skewed through the inputs, routing_skew.h);
+//     the routing of every row is computed once (fp32 logits on the device, route_reference on the
+//     host) to count the tokens per expert of each call: the floor of that call's own routing.
 //  3. Correctness: the layer and the loop baseline at M=1 and at the largest M against
 //     moe_reference on a few rows (poisoned outputs); FAILED and a non-zero exit on any miss.
 //  4. Per M: a CUDA graph of G layer calls rotating over (weight set, input slice), so consecutive
@@ -39,6 +40,7 @@
 #include "bench/cuda/device_timing.h"
 #include "bench/plot_svg.h"
 #include "bench/provenance.h"
+#include "bench/routing_skew.h"
 #include "cuda/cuda_check.h"
 #include "cuda/dispatch.h"
 #include "wna16/backend.h"
@@ -103,17 +105,20 @@ struct Shape {
     fixed_bytes = int64_t(E) * H * 2 + (spec.shared_kind == SharedExpertKind::SigmoidGated ? H * 2 : 0);
   }
   int64_t set_bytes() const { return E * expert_bytes + shared_bytes; }
-  double flops(int64_t M) const { return 2.0 * double(M) * (double(k) * 3.0 * double(I) + 3.0 * double(Is)) * double(H); }
+  ::wna16::bench::CostModel cost(size_t act_size) const {
+    return {expert_bytes, shared_bytes + fixed_bytes, H, I, Is, int64_t(act_size)};
+  }
 };
 
 // The rotation for one M: call i uses weight set i % sets and input slice i % slices (rows
-// [slice*M, slice*M + M) of the pool). Counts of tokens per expert for each slice used.
+// [slice*M, slice*M + M) of the pool). Counts of tokens per expert for each slice used, and the
+// floor's bytes and FLOPs of those routings (call_cost), averaged over the calls.
 struct Schedule {
   int64_t M = 0;
   int calls = 0;
   int64_t slices = 0;
   std::vector<std::vector<int>> counts;  // [slice][expert]
-  double bytes_avg = 0, experts_avg = 0;
+  double bytes_avg = 0, flops_avg = 0, experts_avg = 0, tokens_max_avg = 0, tokens_mean_avg = 0;
   int slice_of(int i) const { return int(i % slices); }
 };
 
@@ -123,27 +128,21 @@ Schedule make_schedule(const Shape& sh, const std::vector<int32_t>& ids, int64_t
   s.M = M;
   s.slices = std::max<int64_t>(1, P / M);
   auto slice_counts = [&](int64_t slice) {
-    std::vector<int> c(size_t(sh.E), 0);
-    for (int64_t r = slice * M; r < slice * M + M; ++r)
-      for (int j = 0; j < sh.k; ++j) ++c[size_t(ids[size_t(r * sh.k + j)])];
-    return c;
+    return ::wna16::bench::expert_counts(ids.data() + slice * M * sh.k, M, sh.k, sh.E);
   };
-  auto call_bytes = [&](const std::vector<int>& c, double* experts) {
-    int64_t used = 0;
-    for (int v : c) used += v > 0;
-    *experts = double(used);
-    return double(used * sh.expert_bytes + sh.shared_bytes + sh.fixed_bytes) + 2.0 * double(M * sh.H) * double(act_size);
-  };
-  double e0 = 0;
-  const double b0 = call_bytes(slice_counts(0), &e0);
+  const ::wna16::bench::CostModel model = sh.cost(act_size);
+  const double b0 = ::wna16::bench::call_cost(slice_counts(0), M, model).bytes;
   s.calls = int(std::clamp(std::ceil(kColdFactor * double(l2) / b0), 2.0, double(kMaxCalls)));
   s.calls = std::max(s.calls, sets);
   const int64_t used_slices = std::min<int64_t>(s.slices, s.calls);
   for (int64_t i = 0; i < used_slices; ++i) s.counts.push_back(slice_counts(i));
   for (int i = 0; i < s.calls; ++i) {
-    double e = 0;
-    s.bytes_avg += call_bytes(s.counts[size_t(s.slice_of(i))], &e) / s.calls;
-    s.experts_avg += e / s.calls;
+    const ::wna16::bench::CallCost c = ::wna16::bench::call_cost(s.counts[size_t(s.slice_of(i))], M, model);
+    s.bytes_avg += c.bytes / s.calls;
+    s.flops_avg += c.flops / s.calls;
+    s.experts_avg += double(c.active) / s.calls;
+    s.tokens_max_avg += double(c.max_tokens) / s.calls;
+    s.tokens_mean_avg += c.mean_tokens / s.calls;
   }
   return s;
 }
@@ -436,17 +435,24 @@ void bench_preset(Ctx& cx, const std::string& name, const std::vector<int64_t>& 
   info.weights_gb = double(sh.set_bytes()) / 1e9;
 
   auto t0 = Clock::now();
-  const MoeLayerWeights w = random_bench_layer(spec, scheme, name_seed(name));
+  MoeLayerWeights w = random_bench_layer(spec, scheme, name_seed(name));
   info.gen_s = seconds_since(t0);
   std::printf("[bench] %s (%s): generated %.2f GB of %s weights in %.1f s\n", name.c_str(), info.shape.c_str(),
               info.weights_gb, scheme.describe().c_str(), info.gen_s);
+  t0 = Clock::now();
+  const ::wna16::bench::RoutingSkew skew =
+      ::wna16::bench::apply_routing(spec, cx.opts.routing, w, name_seed(name) ^ 0x21bf);
+  if (!cx.opts.routing.uniform())
+    std::printf("[bench] %s: routing %s calibrated in %.1f s\n", name.c_str(), cx.opts.routing.name().c_str(),
+                seconds_since(t0));
   std::fflush(stdout);
 
   // The token pool: P rows, slices of M rows rotate (16 distinct inputs up to M=1024). The
   // reference for the check rows starts now, on host threads, and is collected at the end.
   const int64_t maxM = *std::max_element(ms.begin(), ms.end());
   const int64_t P = std::max<int64_t>(2 * maxM, kMaxCalls * std::min<int64_t>(maxM, 1024));
-  const std::vector<uint16_t> xh = random_activations(P, sh.H, cx.act, name_seed(name) ^ 0xa5a5);
+  std::vector<uint16_t> xh = random_activations(P, sh.H, cx.act, name_seed(name) ^ 0xa5a5);
+  ::wna16::bench::skew_activations(skew, xh.data(), P, sh.H, cx.act);
   auto ref_futures = start_reference(spec, w, xh, cx.act, check_rows(maxM));
 
   // Weight sets rotated so the copies total many times the L2 (bounded in bytes).
@@ -485,9 +491,11 @@ void bench_preset(Ctx& cx, const std::string& name, const std::vector<int64_t>& 
     CaseResult c;
     c.preset = name;
     c.M = M;
-    c.flops = sh.flops(M);
+    c.flops = s.flops_avg;
     c.bytes = s.bytes_avg;
     c.experts_avg = s.experts_avg;
+    c.tokens_max_avg = s.tokens_max_avg;
+    c.tokens_mean_avg = s.tokens_mean_avg;
     c.correct = info.passed;
     auto call = [&](bool loop, int i) {
       const void* x = xd.bytes_at(size_t(int64_t(s.slice_of(i)) * M * sh.H) * cx.act_size);
@@ -524,8 +532,10 @@ void bench_preset(Ctx& cx, const std::string& name, const std::vector<int64_t>& 
     } catch (const std::exception& e) {
       c.note += (c.note.empty() ? "" : "; ") + std::string("loop: ") + e.what();
     }
-    std::printf("[bench] %s M=%lld: %.2f us (loop %.2f us), %d calls x %d reps, %.1f experts/call\n", name.c_str(),
-                static_cast<long long>(M), c.ours.median_us, c.loop.median_us, s.calls, c.ours.reps, s.experts_avg);
+    std::printf("[bench] %s M=%lld: %.2f us (loop %.2f us), %d calls x %d reps, %.1f experts/call, tokens per active "
+                "expert max %.1f mean %.1f\n",
+                name.c_str(), static_cast<long long>(M), c.ours.median_us, c.loop.median_us, s.calls, c.ours.reps,
+                s.experts_avg, s.tokens_max_avg, s.tokens_mean_avg);
     std::fflush(stdout);
     cases.push_back(c);
   }
@@ -642,6 +652,7 @@ int run(const BenchOptions& opts) {
   cuda::force_gemm_config(forced);
   rep.scheme = opts.scheme.describe();
   rep.act = dtype_name(opts.act);
+  rep.routing = opts.routing.name();
   {
     std::vector<std::string> mstr;
     for (int64_t M : ms) mstr.push_back(std::to_string(M));
@@ -650,7 +661,8 @@ int run(const BenchOptions& opts) {
                   format_name(s.format) + " --bits " + std::to_string(s.bits) + " --group-size " +
                   std::to_string(s.group_size) + (s.sym || s.format == Format::Awq ? "" : " --asym") +
                   (s.act_order ? " --desc-act" : "") + " --dtype " + rep.act +
-                  (opts.gemm_config.empty() ? "" : " --config " + opts.gemm_config);
+                  (opts.gemm_config.empty() ? "" : " --config " + opts.gemm_config) +
+                  (opts.routing.uniform() ? "" : " --routing " + rep.routing);
   }
   rep.cublas_baseline_desc =
       std::string("cuBLAS ") + rep.act +
@@ -677,9 +689,9 @@ int run(const BenchOptions& opts) {
   WNA16_CUBLAS_CHECK(cublasSetWorkspace(cx.cublas, cublas_ws.get(), cublas_ws.size()));
   WNA16_CUBLAS_CHECK(cublasSetStream(cx.cublas, cx.stream));
 
-  std::printf("[bench] %s, %d SMs, L2 %.0f MB, %.0f GB; %s, %s activations; commit %s\n", prop.name, prop.multiProcessorCount,
-              double(prop.l2CacheSize) / 1e6, double(prop.totalGlobalMem) / 1e9, rep.scheme.c_str(), rep.act.c_str(),
-              rep.commit.c_str());
+  std::printf("[bench] %s, %d SMs, L2 %.0f MB, %.0f GB; %s, %s activations, routing %s; commit %s\n", prop.name,
+              prop.multiProcessorCount, double(prop.l2CacheSize) / 1e6, double(prop.totalGlobalMem) / 1e9,
+              rep.scheme.c_str(), rep.act.c_str(), rep.routing.c_str(), rep.commit.c_str());
   size_t free_b = 0, total_b = 0;
   WNA16_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   cx.ceil.read_buffer_bytes = int64_t(std::min<size_t>(size_t(4) << 30, free_b / 4));

@@ -99,7 +99,8 @@ Derived derive(const CaseResult& c, const Ceilings& ceil) {
 ::wna16::bench::PlotInput plot_input(const Report& r) {
   namespace plot = ::wna16::bench;
   plot::PlotInput in;
-  in.title = "wna16 bench --device cuda: " + r.scheme + ", " + r.act;
+  in.title = "wna16 bench --device cuda: " + r.scheme + ", " + r.act +
+             (r.routing == "uniform" ? "" : ", routing " + r.routing);
   in.provenance = r.date + ", " + r.ceil.gpu + ", commit " + r.commit;
   if (!r.switches.empty() && r.switches != "none") in.provenance += ", " + r.switches;
   in.ceilings = {"read " + num(r.ceil.read_gbs, "%.0f") + " GB/s",
@@ -129,16 +130,18 @@ Derived derive(const CaseResult& c, const Ceilings& ceil) {
 }
 
 void print_table(const Report& r) {
-  std::printf("\nwna16 CUDA benchmark: %s, %s activations | %s | %s | commit %s | switches: %s\n", r.scheme.c_str(),
-              r.act.c_str(), r.ceil.gpu.c_str(), r.date.c_str(), r.commit.c_str(), r.switches.c_str());
+  std::printf("\nwna16 CUDA benchmark: %s, %s activations, routing %s | %s | %s | commit %s | switches: %s\n",
+              r.scheme.c_str(), r.act.c_str(), r.routing.c_str(), r.ceil.gpu.c_str(), r.date.c_str(), r.commit.c_str(),
+              r.switches.c_str());
   std::printf("ceilings measured in this run: read stream %.0f GB/s (%.1f GB buffer), cuBLAS bf16 %d^3 %.0f TFLOP/s\n",
               r.ceil.read_gbs, double(r.ceil.read_buffer_bytes) / 1e9, r.ceil.gemm_n, r.ceil.gemm_tflops);
   std::printf("us: median per layer call (graph replays, cold L2); spread: p10..p90 in %% of the median;\n"
-              "%% ceil: floor time of the binding ceiling / measured time; x loop: per-expert-loop time / ours;\n"
-              "x cuBLAS: %s / ours\n\n",
+              "%% ceil: floor time of the binding ceiling (bytes and FLOPs of each call's own routing) /\n"
+              "measured time; x loop: per-expert-loop time / ours; x cuBLAS: %s / ours;\n"
+              "experts: routed experts with a token; max/e, mean/e: tokens on the busiest / an average one\n\n",
               r.cublas_baseline_desc.c_str());
-  std::printf("%-18s %5s %10s %7s %8s %8s %7s %7s %7s %8s %7s\n", "preset", "M", "us", "spread", "TFLOP/s", "GB/s",
-              "bound", "% ceil", "x loop", "x cuBLAS", "experts");
+  std::printf("%-18s %5s %10s %7s %8s %8s %7s %7s %7s %8s %7s %7s %7s\n", "preset", "M", "us", "spread", "TFLOP/s",
+              "GB/s", "bound", "% ceil", "x loop", "x cuBLAS", "experts", "max/e", "mean/e");
   std::string last;
   for (const auto& c : r.cases) {
     if (!last.empty() && last != c.preset) std::printf("\n");
@@ -147,11 +150,13 @@ void print_table(const Report& r) {
     std::string spread = "-";
     if (finite(c.ours.median_us) && c.ours.median_us > 0)
       spread = num((c.ours.p90_us - c.ours.p10_us) / c.ours.median_us * 100.0, "%.1f%%");
-    std::printf("%-18s %5lld %10s %7s %8s %8s %7s %7s %7s %8s %7s%s%s\n", c.preset.c_str(), static_cast<long long>(c.M),
-                num(c.ours.median_us, "%.2f").c_str(), spread.c_str(), num(d.tflops, "%.1f").c_str(),
-                num(d.gbs, "%.0f").c_str(), finite(d.pct) ? d.bound : "-", num(d.pct, "%.1f").c_str(),
-                num(d.x_loop, "%.2f").c_str(), num(d.x_cublas, "%.2f").c_str(), num(c.experts_avg, "%.1f").c_str(),
-                c.correct ? "" : "  FAILED", c.note.empty() ? "" : ("  (" + c.note + ")").c_str());
+    std::printf("%-18s %5lld %10s %7s %8s %8s %7s %7s %7s %8s %7s %7s %7s%s%s\n", c.preset.c_str(),
+                static_cast<long long>(c.M), num(c.ours.median_us, "%.2f").c_str(), spread.c_str(),
+                num(d.tflops, "%.1f").c_str(), num(d.gbs, "%.0f").c_str(), finite(d.pct) ? d.bound : "-",
+                num(d.pct, "%.1f").c_str(), num(d.x_loop, "%.2f").c_str(), num(d.x_cublas, "%.2f").c_str(),
+                num(c.experts_avg, "%.1f").c_str(), num(c.tokens_max_avg, "%.1f").c_str(),
+                num(c.tokens_mean_avg, "%.1f").c_str(), c.correct ? "" : "  FAILED",
+                c.note.empty() ? "" : ("  (" + c.note + ")").c_str());
   }
   for (const auto& p : r.presets)
     if (!p.error.empty()) std::printf("%-18s ERROR: %s\n", p.name.c_str(), p.error.c_str());
@@ -223,7 +228,7 @@ void write_json(const Report& r, const std::string& path) {
   f << "  \"date\": " << json_str(r.date) << ",\n  \"commit\": " << json_str(r.commit) << ",\n";
   f << "  \"switches\": " << json_str(r.switches) << ",\n";
   f << "  \"command\": " << json_str(r.command) << ",\n  \"scheme\": " << json_str(r.scheme) << ",\n";
-  f << "  \"activations\": " << json_str(r.act) << ",\n";
+  f << "  \"activations\": " << json_str(r.act) << ",\n  \"routing\": " << json_str(r.routing) << ",\n";
   f << "  \"gpu\": {\"name\": " << json_str(r.ceil.gpu) << ", \"sm_count\": " << r.ceil.sm_count
     << ", \"compute_capability\": \"" << r.ceil.cc_major << "." << r.ceil.cc_minor << "\", \"l2_bytes\": " << r.ceil.l2_bytes
     << ", \"memory_bytes\": " << r.ceil.mem_bytes << "},\n";
@@ -254,7 +259,10 @@ void write_json(const Report& r, const std::string& path) {
       << json_str(finite(d.pct) ? d.bound : "") << ", \"pct_of_ceiling\": " << json_num(d.pct)
       << ", \"pct_of_read_bw\": " << json_num(d.pct_bw) << ", \"x_loop\": " << json_num(d.x_loop)
       << ", \"x_cublas\": " << json_num(d.x_cublas) << ", \"flops\": " << json_num(c.flops) << ", \"bytes\": "
-      << json_num(c.bytes) << ", \"experts_avg\": " << json_num(c.experts_avg) << ", \"correct\": "
+      << json_num(c.bytes) << ", \"routing\": " << json_str(r.routing)
+      << ", \"experts_avg\": " << json_num(c.experts_avg)
+      << ", \"tokens_per_expert_max\": " << json_num(c.tokens_max_avg)
+      << ", \"tokens_per_expert_mean\": " << json_num(c.tokens_mean_avg) << ", \"correct\": "
       << (c.correct ? "true" : "false") << ", \"note\": " << json_str(c.note) << ",\n     \"ours\": " << timing_json(c.ours)
       << ", \"loop\": " << timing_json(c.loop) << ", \"cublas\": " << timing_json(c.cublas) << "}"
       << (i + 1 < r.cases.size() ? "," : "") << "\n";
@@ -268,7 +276,8 @@ void write_csv(const Report& r, const std::string& path) {
   std::ofstream f(path);
   if (!f) throw Error("bench: cannot write CSV to '" + path + "'");
   f << "preset,M,us,us_p10,us_p90,tflops,gbs,bound,pct_of_ceiling,pct_of_read_bw,loop_us,cublas_us,x_loop,x_cublas,"
-       "experts_avg,flops,bytes,correct,note,gpu,date,commit,scheme,act,read_gbs,cublas_tflops\n";
+       "experts_avg,flops,bytes,correct,note,gpu,date,commit,scheme,act,read_gbs,cublas_tflops,routing,"
+       "tokens_per_expert_max,tokens_per_expert_mean\n";
   for (const auto& c : r.cases) {
     const Derived d = derive(c, r.ceil);
     f << csv_str(c.preset) << "," << c.M << "," << json_num(c.ours.median_us) << "," << json_num(c.ours.p10_us) << ","
@@ -278,13 +287,14 @@ void write_csv(const Report& r, const std::string& path) {
       << json_num(d.x_cublas) << "," << json_num(c.experts_avg) << "," << json_num(c.flops) << "," << json_num(c.bytes)
       << "," << (c.correct ? "true" : "false") << "," << csv_str(c.note) << "," << csv_str(r.ceil.gpu) << ","
       << csv_str(r.date) << "," << csv_str(r.commit) << "," << csv_str(r.scheme) << "," << csv_str(r.act) << ","
-      << json_num(r.ceil.read_gbs) << "," << json_num(r.ceil.gemm_tflops) << "\n";
+      << json_num(r.ceil.read_gbs) << "," << json_num(r.ceil.gemm_tflops) << "," << csv_str(r.routing) << ","
+      << json_num(c.tokens_max_avg) << "," << json_num(c.tokens_mean_avg) << "\n";
   }
   if (finite(r.align.us))
     f << "align-E" << r.align.E << "-slots" << r.align.slots << "-bm" << r.align.block_m << ",," << json_num(r.align.us)
       << std::string(15, ',') << "true," << csv_str(r.align.source) << "," << csv_str(r.ceil.gpu) << "," << csv_str(r.date) << ","
       << csv_str(r.commit) << "," << csv_str(r.scheme) << "," << csv_str(r.act) << "," << json_num(r.ceil.read_gbs) << ","
-      << json_num(r.ceil.gemm_tflops) << "\n";
+      << json_num(r.ceil.gemm_tflops) << ",,,\n";  // no routing for the align row
   if (!f) throw Error("bench: error while writing CSV to '" + path + "'");
 }
 

@@ -37,9 +37,11 @@ struct CaseResult {
   std::string preset;
   int64_t M = 0;
   Timing ours, loop, cublas;
-  double flops = 0;          // per call: 2*M*k*3*I*H (+ shared expert)
-  double bytes = 0;          // per call, averaged over the rotation: experts with tokens + shared + router + x/out
-  double experts_avg = 0;    // distinct routed experts that received tokens, averaged over the rotation
+  // Per call, from its realized routing (routing_skew.h call_cost), averaged over the rotation:
+  double flops = 0;          // 2*slots*3*I*H (+ shared expert); slots = M*k
+  double bytes = 0;          // experts with tokens + shared + router + x/out
+  double experts_avg = 0;    // distinct routed experts that received tokens
+  double tokens_max_avg = 0, tokens_mean_avg = 0;  // tokens on the busiest / an average active expert
   bool correct = true;       // the preset's correctness check passed
   std::string note;          // an error or a fallback, when there is one
 };
@@ -67,6 +69,7 @@ struct AlignRow {
 
 struct Report {
   std::string date, commit, command, scheme, act;
+  std::string routing = "uniform";  // --routing, as RoutingOption::name() writes it
   std::string switches;  // the WNA16_* variables set for the run (A/B switches), "none" if none
   std::string cublas_baseline_desc;
   Ceilings ceil;

@@ -14,7 +14,7 @@ namespace {
 
 struct BenchArgs {
   CommonOptions common;
-  std::string json, csv, plot, config;
+  std::string json, csv, plot, config, routing = "uniform";
   double min_seconds = 0;
 };
 
@@ -44,6 +44,10 @@ const CommandRegistrar reg([](CLI::App& root) {
   app->add_option("--config", args->config,
                   "CUDA, for measurements: run every call on this kernel-table row (m8, m32, m64, m144w) instead "
                   "of the table's choice");
+  app->add_option("--routing", args->routing,
+                  "expert popularity the generated inputs impose on the layer's own routing: uniform (default) or "
+                  "zipf:S (pick probability of the expert of rank r ~ r^-S over a random order of the experts; "
+                  "each row's floor counts its own routing)");
   app->callback([app, args] {
     const CommonOptions& c = args->common;
     BenchOptions o;
@@ -58,6 +62,7 @@ const CommandRegistrar reg([](CLI::App& root) {
     o.plot_path = args->plot;
     o.min_seconds = args->min_seconds;
     o.gemm_config = args->config;
+    o.routing = bench::parse_routing(args->routing);
     const bool cuda = c.resolved_device() == Device::Cuda;
     if (!cuda && !o.gemm_config.empty())
       throw Error("bench --config " + o.gemm_config + ": kernel-table rows are the CUDA backend's (use --device cuda)");

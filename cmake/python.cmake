@@ -31,6 +31,10 @@ target_include_directories(wna16_torch PRIVATE ${CMAKE_SOURCE_DIR}/python/wna16/
 # Torch's headers come in as an imported target's includes (treated as system headers), so our
 # warning flags, -Werror included, apply to our code only.
 target_link_libraries(wna16_torch PRIVATE wna16 ${TORCH_LIBRARIES})
+# Nothing from a static archive is exported: with a pip CUDA Torch (2.11, CUDA 13) the module
+# otherwise exported a static copy of the C++ runtime's exception functions (__cxa_*), which took
+# over Torch's, and an exception raised in an op crashed the process.
+target_link_options(wna16_torch PRIVATE -Wl,--exclude-libs,ALL)
 target_compile_options(wna16_torch PRIVATE ${WNA16_WARNINGS})
 
 file(GLOB WNA16_PY_FILES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/python/wna16/*.py)

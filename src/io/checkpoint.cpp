@@ -67,13 +67,12 @@ LayerNames layer_names(const ModelConfig& c, int64_t L) {
   n.prefix = c.mlp_prefix(L);
   n.is_mixtral = c.arch == Arch::Mixtral;
   n.router = n.prefix + ".gate.weight";
-  if (c.arch == Arch::DeepseekV3) n.bias = n.prefix + ".gate.e_score_correction_bias";
-  if (c.arch == Arch::Qwen2Moe && c.shared_expert_inter > 0) {
+  if (arch_has_correction_bias(c.arch)) n.bias = n.prefix + ".gate.e_score_correction_bias";
+  if ((c.arch == Arch::Qwen2Moe || c.arch == Arch::Qwen3Next) && c.shared_expert_inter > 0) {
     n.shared_prefix = n.prefix + ".shared_expert";
     n.shared_gate = n.prefix + ".shared_expert_gate.weight";
   }
-  if ((c.arch == Arch::DeepseekV2 || c.arch == Arch::DeepseekV3) && c.n_shared_experts > 0)
-    n.shared_prefix = n.prefix + ".shared_experts";
+  if (arch_is_deepseek_like(c.arch) && c.n_shared_experts > 0) n.shared_prefix = n.prefix + ".shared_experts";
   return n;
 }
 
@@ -487,7 +486,7 @@ LayerInfo Checkpoint::describe_layer(int64_t L) const {
   if (!n.bias.empty()) {
     auto e = store_->find(n.bias);
     try {
-      if (!e.file) throw Error("missing tensor " + n.bias + " (DeepSeek-V3 routing needs e_score_correction_bias)");
+      if (!e.file) throw Error("missing tensor " + n.bias + " (noaux_tc routing needs e_score_correction_bias)");
       expect_float(e);
       expect_shape(e, {int64_t(c.num_experts)}, std::to_string(c.num_experts) + " experts");
     } catch (const Error& err) {
@@ -516,7 +515,7 @@ MoeLayerWeights Checkpoint::load_layer(int64_t L, std::vector<std::string>* note
   w.router = load_dense_matrix(*store_, quant_, strip_weight(n.router), c.num_experts, c.hidden, notes);
   if (!n.bias.empty()) {
     auto e = store_->find(n.bias);
-    if (!e.file) throw Error("missing tensor " + n.bias + " in " + dir_ + " (DeepSeek-V3 routing needs e_score_correction_bias)");
+    if (!e.file) throw Error("missing tensor " + n.bias + " in " + dir_ + " (noaux_tc routing needs e_score_correction_bias)");
     expect_float(e);
     expect_shape(e, {int64_t(c.num_experts)}, std::to_string(c.num_experts) + " experts");
     w.correction_bias = read_floats(*e.file, *e.info);

@@ -307,7 +307,7 @@ const CommandRegistrar kRegistrar([](CLI::App& root) {
     auto f = std::make_shared<SynthFlags>();
     auto* sub = root.add_subcommand("synth", "write a small random GPTQ/AWQ MoE checkpoint in the Hugging Face layout");
     sub->add_option("DIR", f->dir, "output directory (must not exist or be empty)")->required();
-    sub->add_option("--arch", f->arch, "model_type: mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3")->required();
+    sub->add_option("--arch", f->arch, "model_type: mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, glm4_moe, qwen3_next")->required();
     sub->add_option("--format", f->format, "gptq, gptq_v2, awq or compressed-tensors (pack-quantized, as llm-compressor writes)")->required();
     sub->add_option("--bits", f->bits, "4 or 8 (AWQ: 4)")->capture_default_str();
     sub->add_option("--group-size", f->group_size, "group size (-1 = whole K)")->capture_default_str();

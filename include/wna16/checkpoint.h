@@ -206,6 +206,13 @@ class Checkpoint {
   // docs/checkpoints.md); `notes` receives one line per such decision.
   MoeLayerWeights load_layer(int64_t layer, std::vector<std::string>* notes = nullptr) const;
 
+  // Every quantized linear of the checkpoint, any layer or kind (tensors ending in .qweight or
+  // .weight_packed, that suffix removed), sorted.
+  std::vector<std::string> quantized_modules() const;
+  // One quantized linear by module name, K and N read from its stored shapes, validated as
+  // load_layer validates (shapes, dtypes, g_idx, zero points; the file and tensor named).
+  QuantizedLinear load_quantized_linear(const std::string& module) const;
+
  private:
   std::string dir_;
   ModelConfig config_;
@@ -247,6 +254,24 @@ struct SynthResult {
 // model-0000i-of-0000n.safetensors with model.safetensors.index.json (a single model.safetensors
 // when everything fits one shard). Refuses a non-empty existing directory.
 SynthResult synth_checkpoint(const SynthOptions& opt);
+
+// ---- dequantized copies ----------------------------------------------------------------------
+
+struct DequantizeResult {
+  std::vector<std::string> files;  // written, relative to OUT
+  int64_t dequantized = 0;         // quantized linears written as BF16 .weight
+  int64_t copied = 0;              // other tensors, copied unchanged
+  uint64_t total_bytes = 0;        // tensor data written
+};
+
+// Writes a BF16 copy of the quantized checkpoint `dir` to `out` (a new or empty directory): every
+// quantized linear dequantized to `.weight` [out, in] in BF16, every other tensor copied, each
+// output shard holding the tensors of the input shard of the same name (index.json rewritten when
+// the input has one), config.json without quantization_config (torch_dtype bfloat16), other files
+// copied except the quantization configs. Streams one tensor at a time. Writes under a temporary
+// directory renamed onto `out` at the end: on any error `out` is left as it was. Throws Error
+// naming the file and tensor at fault (a linear that fails validation, an orphan .scales, ...).
+DequantizeResult dequantize_checkpoint(const std::string& dir, const std::string& out);
 
 // ---- hidden-states files ---------------------------------------------------------------------
 

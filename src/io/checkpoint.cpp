@@ -547,4 +547,49 @@ MoeLayerWeights Checkpoint::load_layer(int64_t L, std::vector<std::string>* note
   return w;
 }
 
+std::vector<std::string> Checkpoint::quantized_modules() const {
+  std::vector<std::string> out;
+  for (const std::string& name : store_->names())
+    for (const char* suffix : {".qweight", ".weight_packed"}) {
+      const size_t n = std::strlen(suffix);
+      if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0) out.push_back(name.substr(0, name.size() - n));
+    }
+  return out;
+}
+
+QuantizedLinear Checkpoint::load_quantized_linear(const std::string& module) const {
+  const bool ct = quant_.method == QuantMethod::CompressedTensors;
+  const TensorStore::Entry q = store_->find(module + (ct ? ".weight_packed" : ".qweight"));
+  if (!q.file) throw Error("missing tensor " + module + (ct ? ".weight_packed" : ".qweight") + " in " + dir_ + " (" + store_->layout() + ")");
+  std::optional<QuantScheme> s;
+  try {
+    s = quant_.scheme_for(module);
+  } catch (const Error& e) {
+    throw Error(module + ": " + e.what());
+  }
+  // K and N from the stored shapes (any linear, not only the MoE layer's): compressed-tensors'
+  // weight_shape [out, in]; GPTQ qweight [K*b/32, N]; AWQ qweight [K, N/8]. plan_linear checks
+  // every tensor against them.
+  if (!s)
+    throw Error(tensor_where(q) + " is quantized but " + quant_.origin + " leaves module " + module +
+                " unquantized: the config contradicts the tensors");
+  if (q.info->shape.size() != 2)
+    throw Error(tensor_where(q) + " has shape " + q.info->shape_str() + ", expected a matrix");
+  int64_t K = 0, N = 0;
+  if (ct) {
+    const TensorStore::Entry shape = store_->find(module + ".weight_shape");
+    if (!shape.file) throw Error("missing tensor " + module + ".weight_shape (next to " + tensor_where(q) + ")");
+    N = q.info->shape[0];
+    K = q.info->shape[1] * 32 / s->bits;
+    check_weight_shape(shape, K, N);
+  } else if (s->format == Format::Awq) {
+    K = q.info->shape[0];
+    N = q.info->shape[1] * 8;
+  } else {
+    K = q.info->shape[0] * 32 / s->bits;
+    N = q.info->shape[1];
+  }
+  return load_linear(plan_linear(*store_, quant_, module, K, N), nullptr);
+}
+
 }  // namespace wna16

@@ -14,7 +14,12 @@ namespace wna16 {
 namespace {
 
 using test::expect_same_spec;
+using test::rename_key;
+using test::with_key;
+using test::without_key;
 using OJ = nlohmann::ordered_json;
+constexpr auto parse = test::parse_config;
+constexpr auto parse_error = test::config_error;
 
 // MoE-relevant keys of the published config.json files (Hugging Face Hub).
 const char* kGlm45Air = R"({"architectures":["Glm4MoeForCausalLM"],"model_type":"glm4_moe","hidden_size":4096,
@@ -30,35 +35,6 @@ const char* kQwen3Next = R"({"architectures":["Qwen3NextForCausalLM"],"model_typ
   "intermediate_size":5120,"moe_intermediate_size":512,"shared_expert_intermediate_size":512,"num_experts":512,
   "num_experts_per_tok":10,"norm_topk_prob":true,"decoder_sparse_step":1,"mlp_only_layers":[],
   "num_hidden_layers":48,"full_attention_interval":4})";
-
-ModelConfig parse(const std::string& text) { return parse_model_config(text, "dir/config.json"); }
-
-std::string parse_error(const std::string& text) {
-  try {
-    parse(text);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
-
-std::string with_key(const std::string& text, const std::string& key, const OJ& value) {
-  OJ j = OJ::parse(text);
-  j[key] = value;
-  return j.dump();
-}
-
-std::string without_key(const std::string& text, const std::string& key) {
-  OJ j = OJ::parse(text);
-  j.erase(key);
-  return j.dump();
-}
-
-std::string rename_key(const std::string& text, const std::string& from, const std::string& to) {
-  OJ in = OJ::parse(text), out = OJ::object();
-  for (auto it = in.begin(); it != in.end(); ++it) out[it.key() == from ? to : it.key()] = it.value();
-  return out.dump();
-}
 
 // ---- GLM-4.5 ----------------------------------------------------------------------------------
 
@@ -241,13 +217,7 @@ TEST(Families, Glm4CheckpointResavedWithTransformers5SpellingRuns) {
   synth_checkpoint(o);
   const std::string cfg = o.dir + "/config.json";
   test::write_file(cfg, OJ::parse(rename_key(test::read_file(cfg), "n_routed_experts", "num_local_experts")).dump(2));
-  auto i = test::run_cli("inspect " + o.dir);
-  EXPECT_EQ(i.exit_code, 0) << i.out << i.err;
-  EXPECT_NE(i.out.find("architecture: glm4_moe"), std::string::npos) << i.out;
-  const std::string x = d / "x.safetensors", y = d / "y.safetensors";
-  test::write_random_input(x, 5, 256, DType::BF16);
-  auto r = test::run_cli("run " + o.dir + " --layer 1 --input " + x + " --output " + y + " --device cpu --check");
-  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  test::expect_inspects_and_runs(o.dir, d.path(), "architecture: glm4_moe");
 }
 
 }  // namespace

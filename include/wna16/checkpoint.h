@@ -20,14 +20,19 @@ namespace wna16 {
 
 // ---- config.json ----------------------------------------------------------------------------
 
-enum class Arch { Mixtral, Qwen2Moe, Qwen3Moe, DeepseekV2, DeepseekV3 };
+enum class Arch { Mixtral, Qwen2Moe, Qwen3Moe, DeepseekV2, DeepseekV3, Glm4Moe, Qwen3Next };
 const char* arch_name(Arch a);  // the Hugging Face model_type: "mixtral", "qwen2_moe", ...
 // model_type -> architecture, including models built on another family's (kimi_k2 -> DeepseekV3);
-// throws Error listing the supported ones.
+// throws Error listing the supported ones, or naming the feature of a known family the layer
+// cannot compute (llama4: the router score scales the expert's input).
 Arch parse_arch(const std::string& model_type);
 std::vector<std::string> arch_names();
+// Family traits shared by several architectures.
+bool arch_has_correction_bias(Arch a);  // DeepSeek-V3, GLM-4.5: gate.e_score_correction_bias (noaux_tc)
+bool arch_has_mtp(Arch a);              // DeepSeek-V3, GLM-4.5: num_nextn_predict_layers after the last layer
+bool arch_is_deepseek_like(Arch a);     // DeepSeek-V2/V3, GLM-4.5: first_k_dense_replace, shared_experts
 
-enum class LayerKind { Dense, Moe, Mtp };  // Mtp: DeepSeek-V3 multi-token-prediction layer (MoE)
+enum class LayerKind { Dense, Moe, Mtp };  // Mtp: DeepSeek-V3 / GLM-4.5 multi-token-prediction layer (MoE)
 const char* layer_kind_name(LayerKind k);
 
 struct ModelConfig {
@@ -42,7 +47,7 @@ struct ModelConfig {
   int top_k = 0;
   bool norm_topk_prob = true;
   // Qwen
-  int64_t shared_expert_inter = 0;  // Qwen2-MoE shared_expert_intermediate_size (0: none)
+  int64_t shared_expert_inter = 0;  // Qwen2-MoE / Qwen3-Next shared_expert_intermediate_size (0: none)
   int decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
   // DeepSeek
@@ -53,10 +58,10 @@ struct ModelConfig {
   double routed_scaling_factor = 1.0;
   int64_t first_k_dense_replace = 0;
   int64_t moe_layer_freq = 1;
-  int64_t num_nextn_predict_layers = 0;  // DeepSeek-V3 MTP layers after the last decoder layer
+  int64_t num_nextn_predict_layers = 0;  // DeepSeek-V3 / GLM-4.5 MTP layers after the last decoder layer
 
-  // Layers that exist: num_layers (+ MTP layers for DeepSeek-V3).
-  int64_t total_layers() const { return num_layers + (arch == Arch::DeepseekV3 ? num_nextn_predict_layers : 0); }
+  // Layers that exist: num_layers (+ MTP layers for DeepSeek-V3 and GLM-4.5).
+  int64_t total_layers() const { return num_layers + (arch_has_mtp(arch) ? num_nextn_predict_layers : 0); }
   LayerKind layer_kind(int64_t layer) const;  // throws Error for a layer out of range
   bool is_moe(int64_t layer) const { return layer_kind(layer) != LayerKind::Dense; }
   // "model.layers.L.block_sparse_moe" (Mixtral) or "model.layers.L.mlp".
@@ -201,6 +206,13 @@ class Checkpoint {
   // docs/checkpoints.md); `notes` receives one line per such decision.
   MoeLayerWeights load_layer(int64_t layer, std::vector<std::string>* notes = nullptr) const;
 
+  // Every quantized linear of the checkpoint, any layer or kind (tensors ending in .qweight or
+  // .weight_packed, that suffix removed), sorted.
+  std::vector<std::string> quantized_modules() const;
+  // One quantized linear by module name, K and N read from its stored shapes, validated as
+  // load_layer validates (shapes, dtypes, g_idx, zero points; the file and tensor named).
+  QuantizedLinear load_quantized_linear(const std::string& module) const;
+
  private:
   std::string dir_;
   ModelConfig config_;
@@ -242,6 +254,24 @@ struct SynthResult {
 // model-0000i-of-0000n.safetensors with model.safetensors.index.json (a single model.safetensors
 // when everything fits one shard). Refuses a non-empty existing directory.
 SynthResult synth_checkpoint(const SynthOptions& opt);
+
+// ---- dequantized copies ----------------------------------------------------------------------
+
+struct DequantizeResult {
+  std::vector<std::string> files;  // written, relative to OUT
+  int64_t dequantized = 0;         // quantized linears written as BF16 .weight
+  int64_t copied = 0;              // other tensors, copied unchanged
+  uint64_t total_bytes = 0;        // tensor data written
+};
+
+// Writes a BF16 copy of the quantized checkpoint `dir` to `out` (a new or empty directory): every
+// quantized linear dequantized to `.weight` [out, in] in BF16, every other tensor copied, each
+// output shard holding the tensors of the input shard of the same name (index.json rewritten when
+// the input has one), config.json without quantization_config (torch_dtype bfloat16), other files
+// copied except the quantization configs. Streams one tensor at a time. Writes under a temporary
+// directory renamed onto `out` at the end: on any error `out` is left as it was. Throws Error
+// naming the file and tensor at fault (a linear that fails validation, an orphan .scales, ...).
+DequantizeResult dequantize_checkpoint(const std::string& dir, const std::string& out);
 
 // ---- hidden-states files ---------------------------------------------------------------------
 

@@ -117,6 +117,17 @@ struct TensorToWrite {
   std::vector<uint8_t> data;
 };
 
+// The header text of a file holding tensors of these names, dtypes and shapes in this order,
+// padded so the data starts 8-byte aligned; *data_len receives the data size. For writers that
+// stream the data one tensor at a time. Throws Error for a duplicate or reserved name.
+struct TensorHeader {
+  std::string name;
+  StDtype dtype = StDtype::F32;
+  std::vector<int64_t> shape;
+};
+std::string safetensors_header(const std::vector<TensorHeader>& tensors, const std::map<std::string, std::string>& metadata,
+                               uint64_t* data_len);
+
 // Serialised size of the file write_safetensors would produce.
 uint64_t safetensors_file_size(const std::vector<TensorToWrite>& tensors,
                                const std::map<std::string, std::string>& metadata = {});

@@ -67,13 +67,12 @@ LayerNames layer_names(const ModelConfig& c, int64_t L) {
   n.prefix = c.mlp_prefix(L);
   n.is_mixtral = c.arch == Arch::Mixtral;
   n.router = n.prefix + ".gate.weight";
-  if (c.arch == Arch::DeepseekV3) n.bias = n.prefix + ".gate.e_score_correction_bias";
-  if (c.arch == Arch::Qwen2Moe && c.shared_expert_inter > 0) {
+  if (arch_has_correction_bias(c.arch)) n.bias = n.prefix + ".gate.e_score_correction_bias";
+  if ((c.arch == Arch::Qwen2Moe || c.arch == Arch::Qwen3Next) && c.shared_expert_inter > 0) {
     n.shared_prefix = n.prefix + ".shared_expert";
     n.shared_gate = n.prefix + ".shared_expert_gate.weight";
   }
-  if ((c.arch == Arch::DeepseekV2 || c.arch == Arch::DeepseekV3) && c.n_shared_experts > 0)
-    n.shared_prefix = n.prefix + ".shared_experts";
+  if (arch_is_deepseek_like(c.arch) && c.n_shared_experts > 0) n.shared_prefix = n.prefix + ".shared_experts";
   return n;
 }
 
@@ -487,7 +486,7 @@ LayerInfo Checkpoint::describe_layer(int64_t L) const {
   if (!n.bias.empty()) {
     auto e = store_->find(n.bias);
     try {
-      if (!e.file) throw Error("missing tensor " + n.bias + " (DeepSeek-V3 routing needs e_score_correction_bias)");
+      if (!e.file) throw Error("missing tensor " + n.bias + " (noaux_tc routing needs e_score_correction_bias)");
       expect_float(e);
       expect_shape(e, {int64_t(c.num_experts)}, std::to_string(c.num_experts) + " experts");
     } catch (const Error& err) {
@@ -516,7 +515,7 @@ MoeLayerWeights Checkpoint::load_layer(int64_t L, std::vector<std::string>* note
   w.router = load_dense_matrix(*store_, quant_, strip_weight(n.router), c.num_experts, c.hidden, notes);
   if (!n.bias.empty()) {
     auto e = store_->find(n.bias);
-    if (!e.file) throw Error("missing tensor " + n.bias + " in " + dir_ + " (DeepSeek-V3 routing needs e_score_correction_bias)");
+    if (!e.file) throw Error("missing tensor " + n.bias + " in " + dir_ + " (noaux_tc routing needs e_score_correction_bias)");
     expect_float(e);
     expect_shape(e, {int64_t(c.num_experts)}, std::to_string(c.num_experts) + " experts");
     w.correction_bias = read_floats(*e.file, *e.info);
@@ -546,6 +545,51 @@ MoeLayerWeights Checkpoint::load_layer(int64_t L, std::vector<std::string>* note
     throw Error(dir_ + " layer " + std::to_string(L) + ": " + e.what());
   }
   return w;
+}
+
+std::vector<std::string> Checkpoint::quantized_modules() const {
+  std::vector<std::string> out;
+  for (const std::string& name : store_->names())
+    for (const char* suffix : {".qweight", ".weight_packed"}) {
+      const size_t n = std::strlen(suffix);
+      if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0) out.push_back(name.substr(0, name.size() - n));
+    }
+  return out;
+}
+
+QuantizedLinear Checkpoint::load_quantized_linear(const std::string& module) const {
+  const bool ct = quant_.method == QuantMethod::CompressedTensors;
+  const TensorStore::Entry q = store_->find(module + (ct ? ".weight_packed" : ".qweight"));
+  if (!q.file) throw Error("missing tensor " + module + (ct ? ".weight_packed" : ".qweight") + " in " + dir_ + " (" + store_->layout() + ")");
+  std::optional<QuantScheme> s;
+  try {
+    s = quant_.scheme_for(module);
+  } catch (const Error& e) {
+    throw Error(module + ": " + e.what());
+  }
+  // K and N from the stored shapes (any linear, not only the MoE layer's): compressed-tensors'
+  // weight_shape [out, in]; GPTQ qweight [K*b/32, N]; AWQ qweight [K, N/8]. plan_linear checks
+  // every tensor against them.
+  if (!s)
+    throw Error(tensor_where(q) + " is quantized but " + quant_.origin + " leaves module " + module +
+                " unquantized: the config contradicts the tensors");
+  if (q.info->shape.size() != 2)
+    throw Error(tensor_where(q) + " has shape " + q.info->shape_str() + ", expected a matrix");
+  int64_t K = 0, N = 0;
+  if (ct) {
+    const TensorStore::Entry shape = store_->find(module + ".weight_shape");
+    if (!shape.file) throw Error("missing tensor " + module + ".weight_shape (next to " + tensor_where(q) + ")");
+    N = q.info->shape[0];
+    K = q.info->shape[1] * 32 / s->bits;
+    check_weight_shape(shape, K, N);
+  } else if (s->format == Format::Awq) {
+    K = q.info->shape[0];
+    N = q.info->shape[1] * 8;
+  } else {
+    K = q.info->shape[0] * 32 / s->bits;
+    N = q.info->shape[1];
+  }
+  return load_linear(plan_linear(*store_, quant_, module, K, N), nullptr);
 }
 
 }  // namespace wna16

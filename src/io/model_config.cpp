@@ -1,4 +1,4 @@
-// config.json -> ModelConfig for the five supported MoE architectures (keys: formats.md; accepted
+// config.json -> ModelConfig for the supported MoE architectures (keys: formats.md; accepted
 // spellings of a key: the alias table below and docs/checkpoints.md).
 #include <algorithm>
 
@@ -20,6 +20,8 @@ constexpr ArchRow kArchs[] = {
     {Arch::Qwen3Moe, "qwen3_moe"},
     {Arch::DeepseekV2, "deepseek_v2"},
     {Arch::DeepseekV3, "deepseek_v3"},
+    {Arch::Glm4Moe, "glm4_moe"},
+    {Arch::Qwen3Next, "qwen3_next"},
 };
 
 // model_type values of models built on another family's architecture: same config keys, tensor
@@ -30,14 +32,33 @@ struct ModelTypeAlias {
   const char* model_type;
   Arch arch;
 };
+// DeepSeek-V3.2-Exp (DeepseekV32ForCausalLM, model_type "deepseek_v32") changes the attention
+// (a sparse indexer) and keeps DeepSeek-V3's MoE keys, routing and tensor names.
 constexpr ModelTypeAlias kModelTypeAliases[] = {
     {"kimi_k2", Arch::DeepseekV3},
+    {"deepseek_v32", Arch::DeepseekV3},
+};
+
+// Known MoE families whose layer the kernels cannot compute as the model does: refused by name
+// rather than computed some other way.
+struct RefusedFamily {
+  const char* model_type;
+  const char* feature;
+};
+constexpr RefusedFamily kRefusedFamilies[] = {
+    // transformers' Llama4TextMoe: sigmoid of the top-k router logits multiplies each expert's
+    // INPUT (routed_in = hidden_states * router_scores); the layer weights expert outputs.
+    {"llama4", "Llama 4's MoE scales each routed expert's input by its sigmoid router score "
+               "(the layer applies routing weights to expert outputs)"},
+    {"llama4_text", "Llama 4's MoE scales each routed expert's input by its sigmoid router score "
+                    "(the layer applies routing weights to expert outputs)"},
 };
 
 // Alternative spellings of config.json keys, per architecture: the one place they are resolved.
 // The canonical key is the one transformers 4.x and the model's original repository write; an
 // alternative is accepted when a config class maps it onto that field. Each row names its source.
-// Checked and found to need no row: Qwen2MoeConfig (transformers 4.x and 5.x: no attribute_map),
+// Checked and found to need no row: Qwen2MoeConfig and Qwen3NextConfig (transformers 4.x and
+// 5.x: no attribute_map), Glm4MoeConfig 4.x (no attribute_map),
 // DeepSeek's own configuration_deepseek.py (writes the canonical keys), and top_k /
 // num_experts_per_token / num_shared_experts / a renamed expert width, which none of the five
 // families' config classes declares.
@@ -58,6 +79,8 @@ constexpr KeyAlias kKeyAliases[] = {
     // "num_mtp_layers": "num_nextn_predict_layers"}
     {Arch::DeepseekV3, "n_routed_experts", "num_local_experts"},
     {Arch::DeepseekV3, "num_nextn_predict_layers", "num_mtp_layers"},
+    // transformers 5 Glm4MoeConfig.attribute_map {"num_local_experts": "n_routed_experts"}
+    {Arch::Glm4Moe, "n_routed_experts", "num_local_experts"},
 };
 
 // Every spelling of `canonical` accepted for `a`, the canonical one first.
@@ -71,9 +94,11 @@ std::vector<std::string> key_spellings(Arch a, const char* canonical) {
 // Bound on any width read from a config, so a hostile file cannot ask for absurd allocations.
 constexpr int64_t kMaxDim = int64_t(1) << 20;
 
-bool is_deepseek(Arch a) { return a == Arch::DeepseekV2 || a == Arch::DeepseekV3; }
-
 }  // namespace
+
+bool arch_has_correction_bias(Arch a) { return a == Arch::DeepseekV3 || a == Arch::Glm4Moe; }
+bool arch_has_mtp(Arch a) { return a == Arch::DeepseekV3 || a == Arch::Glm4Moe; }
+bool arch_is_deepseek_like(Arch a) { return a == Arch::DeepseekV2 || a == Arch::DeepseekV3 || a == Arch::Glm4Moe; }
 
 const char* arch_name(Arch a) {
   for (const auto& r : kArchs)
@@ -92,6 +117,10 @@ Arch parse_arch(const std::string& model_type) {
     if (model_type == r.name) return r.a;
   for (const auto& r : kModelTypeAliases)
     if (model_type == r.model_type) return r.arch;
+  for (const auto& r : kRefusedFamilies)
+    if (model_type == r.model_type)
+      throw Error("model_type " + io::quoted(model_type) + " is not supported: " + r.feature +
+                  "; the kernels do not compute that");
   std::string known;
   for (const auto& r : kArchs) known += std::string(known.empty() ? "" : ", ") + r.name;
   for (const auto& r : kModelTypeAliases) known += std::string(", ") + r.model_type + " (as " + arch_name(r.arch) + ")";
@@ -136,14 +165,17 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
       break;
     case Arch::Qwen2Moe:
     case Arch::Qwen3Moe:
+    case Arch::Qwen3Next:
       c.dense_inter = o.opt_int(P("intermediate_size"), 0, 0, kMaxDim);
       c.moe_inter = o.req_int_any(K("moe_intermediate_size"), 1, kMaxDim);
       c.num_experts = int(o.req_int_any(K("num_experts"), 1, 1 << 20));
       c.top_k = int(o.req_int_any(K("num_experts_per_tok"), 1, 1 << 20));
-      c.norm_topk_prob = o.opt_bool(P("norm_topk_prob"), false);  // transformers' default for both
+      // transformers' defaults: false for Qwen2-MoE and Qwen3-MoE, true for Qwen3-Next
+      c.norm_topk_prob = o.opt_bool(P("norm_topk_prob"), c.arch == Arch::Qwen3Next);
       c.decoder_sparse_step = int(o.opt_int(P("decoder_sparse_step"), 1, 1, 1 << 20));
       c.mlp_only_layers = o.opt_int_list(P("mlp_only_layers"));
-      if (c.arch == Arch::Qwen2Moe)
+      // Qwen3-Next's sparse block is Qwen2-MoE's: a shared expert behind a sigmoid gate.
+      if (c.arch != Arch::Qwen3Moe)
         c.shared_expert_inter = o.req_int_any(K("shared_expert_intermediate_size"), 0, kMaxDim);
       break;
     case Arch::DeepseekV2:
@@ -184,6 +216,23 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
       }
       break;
     }
+    case Arch::Glm4Moe:
+      // Glm4MoeConfig: DeepSeek-V3's router (sigmoid, e_score_correction_bias, groups, scaling)
+      // without topk_method / scoring_func keys; its own defaults.
+      c.dense_inter = o.opt_int(P("intermediate_size"), 0, 0, kMaxDim);
+      c.moe_inter = o.req_int_any(K("moe_intermediate_size"), 1, kMaxDim);
+      c.num_experts = int(o.req_int_any(K("n_routed_experts"), 1, 1 << 20));
+      c.top_k = int(o.req_int_any(K("num_experts_per_tok"), 1, 1 << 20));
+      c.n_shared_experts = int(o.opt_int(P("n_shared_experts"), 1, 0, 1 << 20));
+      c.topk_method = "noaux_tc";
+      c.scoring_func = "sigmoid";
+      c.routed_scaling_factor = o.opt_double(P("routed_scaling_factor"), 1.0);
+      c.norm_topk_prob = o.opt_bool(P("norm_topk_prob"), true);
+      c.first_k_dense_replace = o.opt_int(P("first_k_dense_replace"), 1, 0, 1 << 16);
+      c.num_nextn_predict_layers = o.opt_int(P("num_nextn_predict_layers"), 0, 0, 16);
+      c.n_group = int(o.opt_int(P("n_group"), 1, 1, 1 << 20));
+      c.topk_group = int(o.opt_int(P("topk_group"), 1, 1, 1 << 20));
+      break;
   }
   if (c.top_k > c.num_experts)
     throw Error(origin + ": num_experts_per_tok=" + std::to_string(c.top_k) + " is more than the " +
@@ -203,12 +252,14 @@ LayerKind ModelConfig::layer_kind(int64_t L) const {
   switch (arch) {
     case Arch::Mixtral: return LayerKind::Moe;
     case Arch::Qwen2Moe:
-    case Arch::Qwen3Moe: {
+    case Arch::Qwen3Moe:
+    case Arch::Qwen3Next: {
       bool mlp_only = std::find(mlp_only_layers.begin(), mlp_only_layers.end(), L) != mlp_only_layers.end();
       return !mlp_only && (L + 1) % decoder_sparse_step == 0 ? LayerKind::Moe : LayerKind::Dense;
     }
     case Arch::DeepseekV2:
     case Arch::DeepseekV3:
+    case Arch::Glm4Moe:
       if (L >= num_layers) return LayerKind::Mtp;
       return L >= first_k_dense_replace && L % moe_layer_freq == 0 ? LayerKind::Moe : LayerKind::Dense;
   }
@@ -219,7 +270,8 @@ std::string ModelConfig::moe_layer_rule() const {
   switch (arch) {
     case Arch::Mixtral: return "every layer is MoE";
     case Arch::Qwen2Moe:
-    case Arch::Qwen3Moe: {
+    case Arch::Qwen3Moe:
+    case Arch::Qwen3Next: {
       std::string s = "MoE iff (L+1) % decoder_sparse_step=" + std::to_string(decoder_sparse_step) + " == 0";
       if (!mlp_only_layers.empty()) {
         s += " and L not in mlp_only_layers [";
@@ -229,10 +281,11 @@ std::string ModelConfig::moe_layer_rule() const {
       return s;
     }
     case Arch::DeepseekV2:
-    case Arch::DeepseekV3: {
+    case Arch::DeepseekV3:
+    case Arch::Glm4Moe: {
       std::string s = "MoE iff L >= first_k_dense_replace=" + std::to_string(first_k_dense_replace);
       if (moe_layer_freq != 1) s += " and L % moe_layer_freq=" + std::to_string(moe_layer_freq) + " == 0";
-      if (arch == Arch::DeepseekV3 && num_nextn_predict_layers > 0)
+      if (arch_has_mtp(arch) && num_nextn_predict_layers > 0)
         s += "; layers " + std::to_string(num_layers) + ".." + std::to_string(total_layers() - 1) +
              " are multi-token-prediction (MoE)";
       return s;
@@ -253,6 +306,7 @@ RoutingConfig ModelConfig::routing() const {
     case Arch::Mixtral:
     case Arch::Qwen2Moe:
     case Arch::Qwen3Moe:
+    case Arch::Qwen3Next:
       r.method = RoutingMethod::SoftmaxTopK;
       r.renormalize = arch == Arch::Mixtral ? true : norm_topk_prob;
       break;
@@ -266,6 +320,7 @@ RoutingConfig ModelConfig::routing() const {
       r.routed_scaling_factor = routed_scaling_factor;
       break;
     case Arch::DeepseekV3:
+    case Arch::Glm4Moe:
       r.method = RoutingMethod::NoauxTc;
       r.n_group = n_group;
       r.topk_group = topk_group;
@@ -285,10 +340,10 @@ MoeLayerSpec ModelConfig::layer_spec(int64_t L) const {
   s.hidden = hidden;
   s.inter = moe_inter;
   s.routing = routing();
-  if (arch == Arch::Qwen2Moe && shared_expert_inter > 0) {
+  if ((arch == Arch::Qwen2Moe || arch == Arch::Qwen3Next) && shared_expert_inter > 0) {
     s.shared_kind = SharedExpertKind::SigmoidGated;
     s.shared_inter = shared_expert_inter;
-  } else if (is_deepseek(arch) && n_shared_experts > 0) {
+  } else if (arch_is_deepseek_like(arch) && n_shared_experts > 0) {
     s.shared_kind = SharedExpertKind::Plain;
     s.shared_inter = moe_inter * n_shared_experts;
   }

@@ -313,36 +313,19 @@ namespace {
 
 std::string header_json(const std::vector<TensorToWrite>& tensors, const std::map<std::string, std::string>& metadata,
                         uint64_t* data_len) {
-  nlohmann::ordered_json h = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json m = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    h["__metadata__"] = m;
-  }
-  std::set<std::string> seen;
-  uint64_t pos = 0;
+  std::vector<TensorHeader> hs;
+  hs.reserve(tensors.size());
   for (const auto& t : tensors) {
-    if (t.name == "__metadata__") throw Error("cannot write a tensor named __metadata__");
-    if (!seen.insert(t.name).second) throw Error("duplicate tensor name " + io::quoted(t.name) + " in a write");
     uint64_t want = 0;
-    if (!tensor_bytes(t.shape, st_dtype_bits(t.dtype), &want) || want != t.data.size()) {
+    if (tensor_bytes(t.shape, st_dtype_bits(t.dtype), &want) && want != t.data.size()) {
       TensorInfo ti;
       ti.shape = t.shape;
       throw Error("tensor " + io::quoted(t.name) + ": " + std::to_string(t.data.size()) + " bytes of data but shape " +
                   ti.shape_str() + " x " + st_dtype_name(t.dtype) + " needs " + std::to_string(want));
     }
-    nlohmann::ordered_json e;
-    e["dtype"] = st_dtype_name(t.dtype);
-    e["shape"] = t.shape;
-    e["data_offsets"] = {pos, pos + want};
-    h[t.name] = e;
-    pos += want;
+    hs.push_back(TensorHeader{t.name, t.dtype, t.shape});
   }
-  *data_len = pos;
-  std::string s = h.dump();
-  // Pad with spaces so the data buffer starts 8-byte aligned in the file, as the reference writer does.
-  while ((8 + s.size()) % 8 != 0) s.push_back(' ');
-  return s;
+  return safetensors_header(hs, metadata, data_len);
 }
 
 // Writes all chunks to a temp file next to `path`, fsyncs and renames it over `path`.
@@ -410,6 +393,40 @@ TensorToWrite make_tensor(const std::string& name, std::vector<int64_t> shape, S
 }
 
 }  // namespace
+
+std::string safetensors_header(const std::vector<TensorHeader>& tensors, const std::map<std::string, std::string>& metadata,
+                               uint64_t* data_len) {
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    h["__metadata__"] = m;
+  }
+  std::set<std::string> seen;
+  uint64_t pos = 0;
+  for (const auto& t : tensors) {
+    if (t.name == "__metadata__") throw Error("cannot write a tensor named __metadata__");
+    if (!seen.insert(t.name).second) throw Error("duplicate tensor name " + io::quoted(t.name) + " in a write");
+    uint64_t want = 0;
+    if (!tensor_bytes(t.shape, st_dtype_bits(t.dtype), &want)) {
+      TensorInfo ti;
+      ti.shape = t.shape;
+      throw Error("tensor " + io::quoted(t.name) + ": shape " + ti.shape_str() + " x " + st_dtype_name(t.dtype) +
+                  " is not a valid size");
+    }
+    nlohmann::ordered_json e;
+    e["dtype"] = st_dtype_name(t.dtype);
+    e["shape"] = t.shape;
+    e["data_offsets"] = {pos, pos + want};
+    h[t.name] = e;
+    pos += want;
+  }
+  *data_len = pos;
+  std::string s = h.dump();
+  // Pad with spaces so the data buffer starts 8-byte aligned in the file, as the reference writer does.
+  while ((8 + s.size()) % 8 != 0) s.push_back(' ');
+  return s;
+}
 
 uint64_t safetensors_file_size(const std::vector<TensorToWrite>& tensors, const std::map<std::string, std::string>& metadata) {
   uint64_t data_len = 0;

@@ -3,7 +3,8 @@
 // config.json with quantization_config (+ quantize_config.json for GPTQ), sharded safetensors
 // model-0000i-of-0000n.safetensors + model.safetensors.index.json, per-expert tensor names,
 // fp16 routers. Only MLP tensors are written: attention, norms, embeddings and lm_head are
-// omitted (wna16 never reads them); DeepSeek's dense layer 0 gets a small quantized dense MLP.
+// omitted (wna16 never reads them); the dense layer 0 of DeepSeek and GLM-4.5 gets a small
+// quantized dense MLP.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -26,8 +27,8 @@ struct SynthShape {
   int64_t dense_inter = 384;  // DeepSeek dense layer / Qwen mlp_only layers
   int64_t moe_inter = 128;
   int experts = 8, top_k = 2;
-  int64_t shared_inter = 0;   // Qwen2-MoE
-  int n_shared = 0;           // DeepSeek
+  int64_t shared_inter = 0;   // Qwen2-MoE, Qwen3-Next
+  int n_shared = 0;           // DeepSeek, GLM-4.5
 };
 
 // Small sizes valid for every format: H=256 and I=128 are multiples of 128 (group size), of 8
@@ -40,6 +41,8 @@ SynthShape shape_for(Arch a) {
     case Arch::Qwen3Moe: s.experts = 16; s.top_k = 4; break;
     case Arch::DeepseekV2: s.experts = 16; s.top_k = 4; s.n_shared = 2; break;
     case Arch::DeepseekV3: s.experts = 16; s.top_k = 4; s.n_shared = 1; break;
+    case Arch::Glm4Moe: s.experts = 16; s.top_k = 4; s.n_shared = 1; break;
+    case Arch::Qwen3Next: s.experts = 16; s.top_k = 4; s.shared_inter = 128; break;
   }
   return s;
 }
@@ -51,6 +54,8 @@ const char* hf_architecture(Arch a) {
     case Arch::Qwen3Moe: return "Qwen3MoeForCausalLM";
     case Arch::DeepseekV2: return "DeepseekV2ForCausalLM";
     case Arch::DeepseekV3: return "DeepseekV3ForCausalLM";
+    case Arch::Glm4Moe: return "Glm4MoeForCausalLM";
+    case Arch::Qwen3Next: return "Qwen3NextForCausalLM";
   }
   return "?";
 }
@@ -147,11 +152,13 @@ OJ config_json(const SynthOptions& o, const SynthShape& s) {
       break;
     case Arch::Qwen2Moe:
     case Arch::Qwen3Moe:
+    case Arch::Qwen3Next:
       c["moe_intermediate_size"] = s.moe_inter;
-      if (o.arch == Arch::Qwen2Moe) c["shared_expert_intermediate_size"] = s.shared_inter;
+      if (o.arch != Arch::Qwen3Moe) c["shared_expert_intermediate_size"] = s.shared_inter;
       c["num_experts"] = s.experts;
       c["num_experts_per_tok"] = s.top_k;
-      c["norm_topk_prob"] = o.arch == Arch::Qwen3Moe;  // Qwen1.5-MoE: false, Qwen3-30B-A3B: true
+      // Qwen1.5-MoE: false; Qwen3-30B-A3B and Qwen3-Next-80B-A3B: true
+      c["norm_topk_prob"] = o.arch != Arch::Qwen2Moe;
       c["decoder_sparse_step"] = 1;
       c["mlp_only_layers"] = OJ::array();
       c["router_aux_loss_coef"] = 0.001;
@@ -175,6 +182,21 @@ OJ config_json(const SynthOptions& o, const SynthShape& s) {
       c["aux_loss_alpha"] = 0.001;
       break;
     }
+    case Arch::Glm4Moe:
+      // GLM-4.5's keys (Glm4MoeConfig): no topk_method / scoring_func; groups as DeepSeek-V3.
+      c["moe_intermediate_size"] = s.moe_inter;
+      c["n_routed_experts"] = s.experts;
+      c["n_shared_experts"] = s.n_shared;
+      c["num_experts_per_tok"] = s.top_k;
+      c["n_group"] = 4;
+      c["topk_group"] = 2;
+      c["routed_scaling_factor"] = 2.5;  // GLM-4.5 (GLM-4.5-Air: 1.0)
+      c["norm_topk_prob"] = true;
+      c["first_k_dense_replace"] = 1;
+      c["num_nextn_predict_layers"] = 0;  // the MTP layer is not synthesised
+      c["partial_rotary_factor"] = 0.5;
+      c["use_qk_norm"] = false;
+      break;
   }
   if (!o.compressed_tensors) c["quantization_config"] = quant_json(o, false);
   return c;
@@ -322,7 +344,7 @@ SynthResult synth_checkpoint(const SynthOptions& o) {
     // Router logits ~ N(0, 1) for unit-variance hidden states.
     w.tensors.push_back(w.model_dtype(p + ".gate.weight", {s.experts, s.hidden},
                                    w.normal(size_t(s.experts * s.hidden), 1.0 / std::sqrt(double(s.hidden)))));
-    if (o.arch == Arch::DeepseekV3)  // DeepSeek-V3 keeps this bias in fp32
+    if (arch_has_correction_bias(o.arch))  // DeepSeek-V3 and GLM-4.5 keep this bias in fp32
       w.tensors.push_back(tensor_f32(p + ".gate.e_score_correction_bias", {s.experts}, w.normal(size_t(s.experts), 0.1)));
     const bool mixtral = o.arch == Arch::Mixtral;
     for (int e = 0; e < s.experts; ++e) {
@@ -340,7 +362,7 @@ SynthResult synth_checkpoint(const SynthOptions& o) {
       }
     }
     if (spec.shared_kind != SharedExpertKind::None) {
-      const std::string sp = p + (o.arch == Arch::Qwen2Moe ? ".shared_expert." : ".shared_experts.");
+      const std::string sp = p + (arch_is_deepseek_like(o.arch) ? ".shared_experts." : ".shared_expert.");
       const std::vector<int32_t> order = w.input_order(spec.hidden);
       w.linear(sp + "gate_proj", spec.hidden, spec.shared_inter, order);
       w.linear(sp + "up_proj", spec.hidden, spec.shared_inter, order);

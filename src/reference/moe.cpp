@@ -178,6 +178,22 @@ std::vector<MoeLayerSpec> all_presets() {
   v3.shared_kind = SharedExpertKind::Plain;
   v3.shared_inter = 2048;  // n_shared_experts=1
   v.push_back(v3);
+
+  // GLM-4.5-Air (glm4_moe): DeepSeek-V3's router with one group and no scaling; one shared expert
+  // of the routed width.
+  MoeLayerSpec glm = make_spec("glm-4.5-air", 4096, 1408, 128, 8, RoutingMethod::NoauxTc, true);
+  glm.routing.n_group = 1;
+  glm.routing.topk_group = 1;
+  glm.routing.routed_scaling_factor = 1.0;
+  glm.shared_kind = SharedExpertKind::Plain;
+  glm.shared_inter = 1408;  // n_shared_experts=1
+  v.push_back(glm);
+
+  // Qwen3-Next-80B-A3B (qwen3_next): 512 small experts, top-10 renormalised, a gated shared expert.
+  MoeLayerSpec next = make_spec("qwen3-next-80b-a3b", 2048, 512, 512, 10, RoutingMethod::SoftmaxTopK, true);
+  next.shared_kind = SharedExpertKind::SigmoidGated;
+  next.shared_inter = 512;
+  v.push_back(next);
   return v;
 }
 }  // namespace

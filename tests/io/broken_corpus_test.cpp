@@ -293,6 +293,18 @@ std::vector<BrokenCase> cases() {
   add({"v3_correction_bias_wrong_shape", [](auto& d, auto&) {
          edit_tensors(model(d), [](Tensors& ts) { must(ts, "model.layers.1.mlp.gate.e_score_correction_bias").shape = {4, 4}; });
        }, "e_score_correction_bias has shape [4, 4] but 16 experts needs [16]", Inspect::Fails, Arch::DeepseekV3});
+  add({"glm4_missing_correction_bias", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) { drop_prefix(ts, "model.layers.1.mlp.gate.e_score_correction_bias"); });
+       }, "e_score_correction_bias", Inspect::Fails, Arch::Glm4Moe});
+  add({"glm4_missing_shared_experts", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) { drop_prefix(ts, "model.layers.1.mlp.shared_experts.up_proj"); });
+       }, "model.layers.1.mlp.shared_experts.up_proj", Inspect::Fails, Arch::Glm4Moe});
+  add({"qwen3_next_missing_shared_expert_gate", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) { drop_prefix(ts, "model.layers.1.mlp.shared_expert_gate"); });
+       }, "model.layers.1.mlp.shared_expert_gate", Inspect::Fails, Arch::Qwen3Next});
+  add({"qwen3_next_shared_expert_gate_wrong_shape", [](auto& d, auto&) {
+         edit_tensors(model(d), [](Tensors& ts) { must(ts, "model.layers.1.mlp.shared_expert_gate.weight").shape = {256, 1}; });
+       }, "model.layers.1.mlp.shared_expert_gate.weight has shape [256, 1]", Inspect::Fails, Arch::Qwen3Next});
   // -- config that contradicts the tensors
   add({"config_group_size_vs_scales", [](auto& d, auto&) { edit_config(d, "\"group_size\": 128", "\"group_size\": 64"); },
        ".scales has shape [2, 256] but K=256 with group_size=64 (4 groups) needs [4, 256]"});

@@ -15,6 +15,11 @@ namespace wna16 {
 namespace {
 
 using test::expect_same_spec;
+using test::rename_key;
+using test::with_key;
+using test::without_key;
+constexpr auto parse = test::parse_config;
+constexpr auto parse_error = test::config_error;
 
 using OJ = nlohmann::ordered_json;
 
@@ -33,37 +38,6 @@ const char* kDsV3 = R"({"model_type":"deepseek_v3","hidden_size":7168,"intermedi
   "topk_method":"noaux_tc","n_group":8,"topk_group":4,"routed_scaling_factor":2.5,"norm_topk_prob":true,
   "scoring_func":"sigmoid","first_k_dense_replace":3,"moe_layer_freq":1,"num_hidden_layers":61,
   "num_nextn_predict_layers":1})";
-
-ModelConfig parse(const std::string& text) { return parse_model_config(text, "dir/config.json"); }
-
-std::string parse_error(const std::string& text) {
-  try {
-    parse(text);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
-
-// `text` with key `from` renamed to `to` (value and position kept).
-std::string rename_key(const std::string& text, const std::string& from, const std::string& to) {
-  OJ in = OJ::parse(text), out = OJ::object();
-  if (!in.contains(from)) throw std::runtime_error("test setup: no key " + from);
-  for (auto it = in.begin(); it != in.end(); ++it) out[it.key() == from ? to : it.key()] = it.value();
-  return out.dump();
-}
-
-std::string with_key(const std::string& text, const std::string& key, const OJ& value) {
-  OJ j = OJ::parse(text);
-  j[key] = value;
-  return j.dump();
-}
-
-std::string without_key(const std::string& text, const std::string& key) {
-  OJ j = OJ::parse(text);
-  j.erase(key);
-  return j.dump();
-}
 
 // Same architecture, sizes, routing and layer layout; the spec of every MoE layer equal.
 void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
@@ -280,13 +254,7 @@ TEST(ModelTypeAlias, KimiK2CheckpointInspectsAndRuns) {
   o.compressed_tensors = true;  // Kimi-K2-Thinking ships compressed-tensors int4
   synth_checkpoint(o);
   test::write_file(o.dir + "/config.json", with_key(test::read_file(o.dir + "/config.json"), "model_type", "kimi_k2"));
-  auto i = test::run_cli("inspect " + o.dir);
-  EXPECT_EQ(i.exit_code, 0) << i.out << i.err;
-  EXPECT_NE(i.out.find("architecture: deepseek_v3 (model_type kimi_k2)"), std::string::npos) << i.out;
-  const std::string x = d / "x.safetensors", y = d / "y.safetensors";
-  test::write_random_input(x, 5, 256, DType::BF16);
-  auto r = test::run_cli("run " + o.dir + " --layer 1 --input " + x + " --output " + y + " --device cpu --check");
-  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  test::expect_inspects_and_runs(o.dir, d.path(), "architecture: deepseek_v3 (model_type kimi_k2)");
 }
 
 }  // namespace

@@ -65,7 +65,8 @@ TEST(FuzzSeeds, Write) {
   // published configs of the real models, and the quantization config file variants.
   const std::pair<Arch, Format> combos[] = {{Arch::Mixtral, Format::Awq}, {Arch::Qwen2Moe, Format::GptqV1},
                                             {Arch::Qwen3Moe, Format::GptqV2}, {Arch::DeepseekV2, Format::GptqV1},
-                                            {Arch::DeepseekV3, Format::Awq}};
+                                            {Arch::DeepseekV3, Format::Awq}, {Arch::Glm4Moe, Format::GptqV2},
+                                            {Arch::Qwen3Next, Format::GptqV1}};
   for (const auto& [arch, fmt] : combos) {
     test::ScratchDir d;
     SynthOptions o = test::synth_opts(d / "m", arch, fmt, 4, fmt == Format::GptqV1, fmt == Format::GptqV2);
@@ -81,6 +82,17 @@ TEST(FuzzSeeds, Write) {
 "moe_intermediate_size":2048,"n_routed_experts":384,"n_shared_experts":1,"num_experts_per_tok":8,"topk_method":"noaux_tc",
 "n_group":1,"topk_group":1,"routed_scaling_factor":2.827,"norm_topk_prob":true,"scoring_func":"sigmoid","first_k_dense_replace":1,
 "moe_layer_freq":1,"num_hidden_layers":61,"num_nextn_predict_layers":0})");
+  test::write_file(cfg_dir + "/glm4_moe_air_real.json", R"({"model_type":"glm4_moe","hidden_size":4096,"intermediate_size":10944,
+"moe_intermediate_size":1408,"num_local_experts":128,"n_shared_experts":1,"num_experts_per_tok":8,"n_group":1,"topk_group":1,
+"routed_scaling_factor":1.0,"norm_topk_prob":true,"first_k_dense_replace":1,"num_hidden_layers":46,"num_nextn_predict_layers":1})");
+  test::write_file(cfg_dir + "/qwen3_next_real.json", R"({"model_type":"qwen3_next","hidden_size":2048,"intermediate_size":5120,
+"moe_intermediate_size":512,"shared_expert_intermediate_size":512,"num_experts":512,"num_experts_per_tok":10,"norm_topk_prob":true,
+"decoder_sparse_step":1,"mlp_only_layers":[],"num_hidden_layers":48,"full_attention_interval":4})");
+  test::write_file(cfg_dir + "/deepseek_v32_real.json", R"({"model_type":"deepseek_v32","hidden_size":7168,"moe_intermediate_size":2048,
+"n_routed_experts":256,"n_shared_experts":1,"num_experts_per_tok":8,"topk_method":"noaux_tc","n_group":8,"topk_group":4,
+"routed_scaling_factor":2.5,"scoring_func":"sigmoid","first_k_dense_replace":3,"num_hidden_layers":61,"index_topk":2048})");
+  test::write_file(cfg_dir + "/broken_llama4.json", R"({"model_type":"llama4","text_config":{"model_type":"llama4_text",
+"hidden_size":5120,"intermediate_size":8192,"num_local_experts":16,"num_experts_per_tok":1,"interleave_moe_layer_step":1}})");
   test::write_file(cfg_dir + "/qwen2_moe_sparse_step.json", R"({"model_type":"qwen2_moe","hidden_size":64,"moe_intermediate_size":32,
 "shared_expert_intermediate_size":64,"num_experts":4,"num_experts_per_tok":2,"num_hidden_layers":6,"decoder_sparse_step":2,
 "mlp_only_layers":[3],"norm_topk_prob":null})");

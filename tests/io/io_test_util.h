@@ -16,8 +16,11 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_runner.h"
 #include "wna16/checkpoint.h"
+#include "wna16/error.h"
 #include "wna16/safetensors.h"
 
 namespace wna16::test {
@@ -137,6 +140,52 @@ inline void write_random_input(const std::string& path, int64_t M, int64_t H, DT
   h.values.resize(size_t(M * H));
   for (auto& v : h.values) v = round_to(dt, float(nd(rng)));
   write_hidden_states(path, h);
+}
+
+// ---- config.json text edits (config tests; origin "dir/config.json") ----------------------------
+
+inline ModelConfig parse_config(const std::string& text) { return parse_model_config(text, "dir/config.json"); }
+
+// The refusal parse_config gives `text`, or "(accepted)".
+inline std::string config_error(const std::string& text) {
+  try {
+    parse_config(text);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+// `text` with key `from` renamed to `to` (value and position kept).
+inline std::string rename_key(const std::string& text, const std::string& from, const std::string& to) {
+  nlohmann::ordered_json in = nlohmann::ordered_json::parse(text), out = nlohmann::ordered_json::object();
+  if (!in.contains(from)) throw std::runtime_error("test setup: no key " + from);
+  for (auto it = in.begin(); it != in.end(); ++it) out[it.key() == from ? to : it.key()] = it.value();
+  return out.dump();
+}
+
+inline std::string with_key(const std::string& text, const std::string& key, const nlohmann::ordered_json& value) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
+  j[key] = value;
+  return j.dump();
+}
+
+inline std::string without_key(const std::string& text, const std::string& key) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
+  j.erase(key);
+  return j.dump();
+}
+
+// `wna16 inspect DIR` succeeds and prints `architecture_line`; `wna16 run DIR --layer 1 --check` on
+// random bf16 hidden states (written under `scratch`) passes on the CPU.
+inline void expect_inspects_and_runs(const std::string& dir, const std::string& scratch, const std::string& architecture_line) {
+  auto i = run_cli("inspect " + dir);
+  EXPECT_EQ(i.exit_code, 0) << i.out << i.err;
+  EXPECT_NE(i.out.find(architecture_line), std::string::npos) << i.out;
+  const std::string x = scratch + "/x.safetensors", y = scratch + "/y.safetensors";
+  write_random_input(x, 5, 256, DType::BF16);
+  auto r = run_cli("run " + dir + " --layer 1 --input " + x + " --output " + y + " --device cpu --check");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
 }
 
 }  // namespace wna16::test

@@ -1,4 +1,4 @@
-// The must-show matrix of issues 4 and 29: for each of the five architectures and each of {gptq
+// The must-show matrix of issues 4 and 29: for each of the seven architectures and each of {gptq
 // 4-bit sym, gptq 4-bit desc_act, gptq 8-bit, gptq_v2 asym, awq, compressed-tensors 4-bit sym,
 // 4-bit asym actorder group, 8-bit channel}: synth -> inspect -> run --check through the
 // CLI, on the CPU (and on the GPU when this build has CUDA and a GPU is present). Prints the table.
@@ -20,7 +20,7 @@ struct Variant {
 };
 
 TEST(CheckpointMatrix, SynthInspectRunCheckAllArchitecturesAndFormats) {
-  const char* archs[] = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"};
+  const char* archs[] = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "glm4_moe", "qwen3_next"};
   const Variant variants[] = {
       {"gptq 4-bit sym", "--format gptq --bits 4"},
       {"gptq 4-bit desc_act", "--format gptq --bits 4 --desc-act"},

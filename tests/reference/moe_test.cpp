@@ -37,7 +37,7 @@ MoeLayerSpec tiny() {
 
 TEST(Presets, RealModelShapes) {
   const auto names = preset_names();
-  ASSERT_EQ(names.size(), 6u);
+  ASSERT_EQ(names.size(), 8u);
   EXPECT_EQ(names[0], "small");
   for (const auto& n : names) EXPECT_NO_THROW(preset(n).validate()) << n;
 

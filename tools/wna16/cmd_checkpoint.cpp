@@ -1,4 +1,4 @@
-// `wna16 inspect`, `wna16 synth`, `wna16 run`: Hugging Face GPTQ/AWQ MoE checkpoints.
+// `wna16 inspect`, `wna16 synth`, `wna16 run`, `wna16 dequantize`: Hugging Face GPTQ/AWQ MoE checkpoints.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -307,7 +307,7 @@ const CommandRegistrar kRegistrar([](CLI::App& root) {
     auto f = std::make_shared<SynthFlags>();
     auto* sub = root.add_subcommand("synth", "write a small random GPTQ/AWQ MoE checkpoint in the Hugging Face layout");
     sub->add_option("DIR", f->dir, "output directory (must not exist or be empty)")->required();
-    sub->add_option("--arch", f->arch, "model_type: mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3")->required();
+    sub->add_option("--arch", f->arch, "model_type: mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3, glm4_moe, qwen3_next")->required();
     sub->add_option("--format", f->format, "gptq, gptq_v2, awq or compressed-tensors (pack-quantized, as llm-compressor writes)")->required();
     sub->add_option("--bits", f->bits, "4 or 8 (AWQ: 4)")->capture_default_str();
     sub->add_option("--group-size", f->group_size, "group size (-1 = whole K)")->capture_default_str();
@@ -321,6 +321,18 @@ const CommandRegistrar kRegistrar([](CLI::App& root) {
     sub->add_option("--tokens", f->tokens, "rows of --example-input")->capture_default_str();
     sub->add_option("--input-dtype", f->input_dtype, "dtype of --example-input: bf16, f16 or f32")->capture_default_str();
     sub->callback([f] { run_synth(*f); });
+  }
+  {
+    auto dir = std::make_shared<std::string>(), out = std::make_shared<std::string>();
+    auto* sub = root.add_subcommand("dequantize", "write a bf16 copy of a quantized checkpoint (Hugging Face layout)");
+    sub->add_option("DIR", *dir, "quantized model directory")->required();
+    sub->add_option("OUT", *out, "output directory (must not exist or be empty)")->required();
+    sub->callback([dir, out] {
+      const DequantizeResult r = dequantize_checkpoint(*dir, *out);
+      std::printf("wrote %s: %lld quantized linears dequantized to bf16, %lld tensors copied, %zu files, %s of tensors\n",
+                  out->c_str(), static_cast<long long>(r.dequantized), static_cast<long long>(r.copied), r.files.size(),
+                  human_bytes(r.total_bytes).c_str());
+    });
   }
   {
     auto f = std::make_shared<RunFlags>();

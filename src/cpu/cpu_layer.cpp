@@ -38,9 +38,10 @@
 namespace wna16::cpu {
 
 const Kernels& kernels(Isa isa) {
-  static const Kernels scalar{Isa::Scalar, gemm_block_scalar, router_scalar, stream_sum_scalar};
-  static const Kernels avx2{Isa::Avx2, gemm_block_avx2, router_avx2, stream_sum_avx2};
-  static const Kernels avx512{Isa::Avx512Vnni, gemm_block_avx512vnni, router_avx512, stream_sum_avx512};
+  static const Kernels scalar{Isa::Scalar, gemm_block_scalar, router_scalar, stream_sum_scalar, fma_loop_scalar};
+  static const Kernels avx2{Isa::Avx2, gemm_block_avx2, router_avx2, stream_sum_avx2, fma_loop_avx2};
+  static const Kernels avx512{Isa::Avx512Vnni, gemm_block_avx512vnni, router_avx512, stream_sum_avx512,
+                              fma_loop_avx512};
   if (!isa_supported(isa)) throw Error(std::string("CPU ISA ") + isa_name(isa) + " is not supported by this CPU");
   switch (isa) {
     case Isa::Scalar:

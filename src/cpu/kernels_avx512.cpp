@@ -204,6 +204,23 @@ void quantize_block_impl(const float* v, int64_t n, int terms, int8_t* const* q,
   *sum = float(double(s[0]) + double(s[1]) / kTermRatio + double(s[2]) / (double(kTermRatio) * kTermRatio));
 }
 
+// kChains independent FMA chains: latency 4-5 cycles x 2 FMA ports needs at least 10 in flight.
+constexpr int kFmaChains = 12;
+double fma_loop_impl(int64_t iters) {
+  __m512 acc[kFmaChains];
+  for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm512_set1_ps(1.f + 1e-3f * float(i));
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < kFmaChains; ++i) s = _mm512_add_ps(s, acc[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  volatile float sink = lanes[0];  // keeps the loop alive
+  (void)sink;
+  return 2.0 * 16 * kFmaChains * double(iters);
+}
+
 uint64_t stream_sum_impl(const uint64_t* p, int64_t n) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
@@ -246,5 +263,7 @@ uint64_t stream_sum_avx512(const uint64_t* p, int64_t n) { return stream_sum_imp
 void quantize_block_avx512(const float* v, int64_t n, int terms, int8_t* const* q, float* scale, float* sum) {
   quantize_block_impl(v, n, terms, q, scale, sum);
 }
+
+double fma_loop_avx512(int64_t iters) { return fma_loop_impl(iters); }
 
 }  // namespace wna16::cpu

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cpu/align.h"
+#include "cpu_test_util.h"
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
 #include "cpu/packed_linear.h"
@@ -87,7 +88,7 @@ void check_case(const LinearCase& c, uint64_t seed) {
       for (int64_t k = 0; k < c.K; ++k)
         for (int64_t n = 0; n < c.N; ++n)
           ref[size_t(t * c.N + n)] += double(x[size_t(t * c.K + k)]) * W[size_t(k * c.N + n)];
-    for (Isa isa : supported_isas()) {
+    for (Isa isa : cpu_test::isas_under_test()) {
       const RowLayout rl = row_layout_for(L, isa, act);
       std::vector<uint8_t> rows_mem(static_cast<size_t>(max_rows * rl.stride) + 64);
       uint8_t* base = rows_mem.data() + (64 - reinterpret_cast<uintptr_t>(rows_mem.data()) % 64) % 64;
@@ -155,7 +156,7 @@ TEST(CpuKernels, RouterMatchesDoubleAccumulation) {
   for (auto& v : w) v = nd(rng);
   std::vector<float> want(static_cast<size_t>(E));
   router_scalar(x.data(), w.data(), H, E, want.data());
-  for (Isa isa : supported_isas()) {
+  for (Isa isa : cpu_test::isas_under_test()) {
     std::vector<float> got(static_cast<size_t>(E), NAN);
     kernels(isa).router(x.data(), w.data(), H, E, got.data());
     for (int64_t e = 0; e < E; ++e) EXPECT_EQ(got[size_t(e)], want[size_t(e)]) << isa_name(isa) << " e=" << e;
@@ -236,7 +237,7 @@ TEST(CpuKernels, StreamSumEveryIsa) {
   std::vector<uint64_t> v(1003);
   for (size_t i = 0; i < v.size(); ++i) v[i] = i * 2654435761u;
   const uint64_t want = cpu::stream_sum_scalar(v.data(), int64_t(v.size()));
-  for (cpu::Isa isa : cpu::supported_isas())
+  for (cpu::Isa isa : cpu_test::isas_under_test())
     for (int64_t n : {0, 1, 31, 32, 1003})
       EXPECT_EQ(cpu::kernels(isa).stream_sum(v.data(), n), cpu::stream_sum_scalar(v.data(), n)) << cpu::isa_name(isa);
   EXPECT_NE(want, 0u);

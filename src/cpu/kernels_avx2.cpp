@@ -128,8 +128,10 @@ void gemm_i8(const BlockView& v, const XRow* rows, float* out) {
 template <int TERMS>
 void gemm_rows_i8(const BlockView& v, const XRow* rows, int m, float* out) {
   int t0 = 0;
-  if constexpr (TERMS == 2)
+  if constexpr (TERMS == 2) {
     for (; m - t0 >= 4; t0 += 4) gemm_i8<4, TERMS, 1>(v, rows + t0, out + int64_t(t0) * kBlockN);
+    if (m - t0 == 3) return gemm_i8<3, TERMS, 1>(v, rows + t0, out + int64_t(t0) * kBlockN);
+  }
   for (; m - t0 >= 2; t0 += 2) gemm_i8<2, TERMS, TERMS == 2 ? 2 : 1>(v, rows + t0, out + int64_t(t0) * kBlockN);
   if (t0 < m) gemm_i8<1, TERMS, TERMS == 2 ? 4 : 2>(v, rows + t0, out + int64_t(t0) * kBlockN);
 }

@@ -15,8 +15,9 @@
 //
 // Work split: tasks are 64-column blocks of one expert's linear, so at M = 1 the (experts x
 // blocks) tasks spread every active weight byte over all threads, each byte read once; at large M
-// each task also loops over the expert's tokens (2 at a time in the AVX-512 kernel), reusing the block's
-// weights from L2, and token ranges are split further only when there are too few blocks.
+// each task also loops over the expert's tokens (up to 2 per decoded weight vector in the AVX-512
+// kernel, 4 in the AVX2 one), reusing the block's weights from L2, and token ranges are split
+// further only when there are too few blocks.
 #include "cpu/cpu_layer.h"
 
 #include <algorithm>

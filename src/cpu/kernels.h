@@ -1,6 +1,7 @@
 // The CPU kernels, one build per ISA (isa.h), all reading the layout of packed_linear.h.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #include "cpu/isa.h"
 #include "cpu/packed_linear.h"
@@ -49,6 +50,14 @@ inline BlockView block_view(const PackedLinear& L, int64_t nb) {
           L.group_xblock.data(), L.xblock_kstart.data(), L.xblock_len.data(), L.bits,
           L.scale_fmt == ScaleFmt::F16, L.uniform_zero, L.zero, L.scale_bytes(),
           L.header_bytes(), L.tile_bytes(), L.step_bytes(), L.zero_bytes() == 2};
+}
+
+// The start every SIMD kernel shares: zero the m x kBlockN outputs and request the first `bytes`
+// of the block's stream into L2 at once, not one miss after another (defined here, for the
+// baseline CPU, and inlined into the ISA builds).
+inline void start_block(const uint8_t* p, int bytes, float* out, int m) {
+  std::memset(out, 0, sizeof(float) * size_t(m) * kBlockN);
+  for (int off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);  // locality 2: L2 (T1)
 }
 
 // Does a kernel of this ISA take int8-term rows for b-bit codes? AVX2 multiplies u8 codes by s8

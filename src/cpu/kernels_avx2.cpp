@@ -22,6 +22,8 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
+#include "cpu/fma_probe.h"  // inside the region: compiled for this ISA
+
 namespace wna16::cpu {
 namespace {
 
@@ -48,12 +50,8 @@ void gemm_i8(const BlockView& v, const XRow* rows, float* out) {
   static_assert(kGroups8 % NC == 0, "passes cover the block");
   const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const __m256 inv = _mm256_set1_ps(1.f / kTermRatio), inv2 = _mm256_set1_ps(1.f / (kTermRatio * kTermRatio));
-  for (int t = 0; t < MR; ++t)
-    for (int c = 0; c < kBlockN; c += 8) _mm256_storeu_ps(out + t * kBlockN + c, _mm256_setzero_ps());
   const uint8_t* p = v.data;
-  // NOTE: the stream's first kPrefetchBytes are requested at once, not one miss after another.
-  for (int off = 0; off < kPrefetchBytes; off += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p) + off, _MM_HINT_T1);
+  start_block(p, kPrefetchBytes, out, MR);
   for (int64_t gi = 0; gi < v.groups; ++gi) {
     const uint8_t* hdr = p;
     p += v.header_bytes;
@@ -260,22 +258,13 @@ void quantize_block_impl(const float* v, int64_t n, int terms, int8_t* const* q,
   *sum = float(double(s[0]) + double(s[1]) / kTermRatio + double(s[2]) / (double(kTermRatio) * kTermRatio));
 }
 
-// kChains independent FMA chains: latency 4-5 cycles x 2 FMA ports needs at least 10 in flight.
-constexpr int kFmaChains = 12;
-double fma_loop_impl(int64_t iters) {
-  __m256 acc[kFmaChains];
-  for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm256_set1_ps(1.f + 1e-3f * float(i));
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iters; ++it)
-    for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-  __m256 s = acc[0];
-  for (int i = 1; i < kFmaChains; ++i) s = _mm256_add_ps(s, acc[i]);
-  alignas(64) float lanes[8];
-  _mm256_store_ps(lanes, s);
-  volatile float sink = lanes[0];  // keeps the loop alive
-  (void)sink;
-  return 2.0 * 8 * kFmaChains * double(iters);
-}
+struct FmaOps {
+  using V = __m256;
+  static V set1(float v) { return _mm256_set1_ps(v); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+};
+double fma_loop_impl(int64_t iters) { return fma_probe<FmaOps>(iters); }
 
 uint64_t stream_sum_avx2_impl(const uint64_t* p, int64_t n) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;

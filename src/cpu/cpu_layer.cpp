@@ -61,6 +61,7 @@ constexpr int64_t kMaxChunkTokens = 4096;  // bounds the per-slot scratch (h and
 constexpr int kRowsPerCall = 64;           // token rows handed to one kernel call
 constexpr int64_t kRouterExperts = 16;     // experts per router task
 constexpr int64_t kTasksPerThread = 8;     // GEMM tasks per thread and phase (load balance vs stream length)
+constexpr int64_t kStreamTokens = 4;       // a block's weight stream costs about this many tokens' compute
 
 inline float silu(float v) { return v / (1.f + std::exp(-v)); }
 
@@ -250,26 +251,46 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
   struct Task {
     int64_t entry, t0, t1, nb0, nb1;
   };
+  // Runs are sized by work, not by block count: a block of an expert with n tokens costs about
+  // K (n + kStreamTokens), so an expert with many tokens (the shared one gets all M) is cut into
+  // short runs and no single task holds a large part of the phase. Costliest tasks go first so
+  // the dynamic schedule ends on small ones.
   auto make_tasks = [&](bool down) {
-    int64_t blocks = 0;
-    for (const Entry& en : entries) {
+    auto linear = [&](const Entry& en) -> const PackedLinear& {
       const PackedExpert& ex = experts_[size_t(en.expert)];
-      blocks += down ? ex.down.NB : ex.gate.NB;
+      return down ? ex.down : ex.gate;
+    };
+    auto block_cost = [&](const Entry& en) { return double(linear(en).Kp) * double(en.count + kStreamTokens); };
+    int64_t blocks = 0;
+    double cost = 0;
+    for (const Entry& en : entries) {
+      blocks += linear(en).NB;
+      cost += block_cost(en) * double(linear(en).NB);
     }
     const int64_t want = kTasksPerThread * threads;
-    const int64_t run = std::max<int64_t>(1, blocks / want);
+    const double per_task = cost / double(want);
     const int64_t split = std::max<int64_t>(1, (want + blocks - 1) / std::max<int64_t>(blocks, 1));
     std::vector<Task> tasks;
+    std::vector<double> task_cost;
     for (int64_t i = 0; i < int64_t(entries.size()); ++i) {
       const Entry& en = entries[size_t(i)];
-      const PackedExpert& ex = experts_[size_t(en.expert)];
-      const int64_t nbs = down ? ex.down.NB : ex.gate.NB;
+      const int64_t nbs = linear(en).NB;
+      const int64_t run = std::max<int64_t>(1, int64_t(per_task / block_cost(en)));
       const int64_t tb = std::max<int64_t>(4, ((en.count + split - 1) / split + 3) / 4 * 4);
       for (int64_t nb = 0; nb < nbs; nb += run)
-        for (int64_t t0 = 0; t0 < en.count; t0 += tb)
+        for (int64_t t0 = 0; t0 < en.count; t0 += tb) {
           tasks.push_back({i, t0, std::min(en.count, t0 + tb), nb, std::min(nbs, nb + run)});
+          task_cost.push_back(double(tasks.back().nb1 - nb) * double(linear(en).Kp) *
+                              double(tasks.back().t1 - t0 + kStreamTokens));
+        }
     }
-    return tasks;
+    std::vector<size_t> order(tasks.size());
+    for (size_t j = 0; j < order.size(); ++j) order[j] = j;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return task_cost[a] > task_cost[b]; });
+    std::vector<Task> sorted;
+    sorted.reserve(tasks.size());
+    for (size_t j : order) sorted.push_back(tasks[j]);
+    return sorted;
   };
   tmp_.resize(size_t(threads) * 2 * kRowsPerCall * kBlockN);
 

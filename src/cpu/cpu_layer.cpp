@@ -275,7 +275,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
     for (int64_t i = 0; i < int64_t(entries.size()); ++i) {
       const Entry& en = entries[size_t(i)];
       const int64_t nbs = linear(en).NB;
-      const int64_t run = std::max<int64_t>(1, int64_t(per_task / block_cost(en)));
+      const int64_t run = std::max<int64_t>(1, std::llround(per_task / block_cost(en)));
       const int64_t tb = std::max<int64_t>(4, ((en.count + split - 1) / split + 3) / 4 * 4);
       for (int64_t nb = 0; nb < nbs; nb += run)
         for (int64_t t0 = 0; t0 < en.count; t0 += tb) {

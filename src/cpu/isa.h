@@ -1,7 +1,8 @@
 // Runtime SIMD dispatch for the CPU backend. Every kernel exists in three builds of the same
 // packed layout (packed_linear.h): AVX-512 with VNNI int8 dot products, AVX2 + FMA + F16C (int8
-// pmaddubsw products for 4-bit codes, fp32 for 8-bit), and portable scalar code. The best one the CPU supports is used unless WNA16_CPU_ISA names another
-// (the tests run every one the machine can execute).
+// pmaddubsw products for 4-bit codes, fp32 for 8-bit), and portable scalar code. The best one the
+// CPU supports is used unless WNA16_CPU_ISA names another (the tests run every one the machine can
+// execute).
 #pragma once
 #include <string>
 #include <vector>

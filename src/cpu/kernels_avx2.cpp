@@ -93,14 +93,16 @@ void gemm_i8(const BlockView& v, const XRow* rows, float* out) {
           }
           for (int t = 0; t < MR; ++t)
             for (int e = 0; e < TERMS; ++e)
-              for (int c = 0; c < NC; ++c) acc[t][e][c] = _mm256_add_epi32(acc[t][e][c], _mm256_madd_epi16(a16[t][e][c], ones));
+              for (int c = 0; c < NC; ++c)
+                acc[t][e][c] = _mm256_add_epi32(acc[t][e][c], _mm256_madd_epi16(a16[t][e][c], ones));
         }
         // Block end: gacc += s_x * ((A0 + A1 / 254 + A2 / 254^2) - z * bsum).
         for (int c = 0; c < NC; ++c) {
           const int g = g0 + c;
           __m256 z = _mm256_set1_ps(float(v.zero));
           if (!v.uniform_zero)
-            z = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + v.scale_bytes + 8 * g))));
+            z = _mm256_cvtepi32_ps(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(hdr + v.scale_bytes + 8 * g))));
           for (int t = 0; t < MR; ++t) {
             __m256 f = _mm256_cvtepi32_ps(acc[t][0][c]);
             f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t][1][c]), inv, f);

@@ -275,7 +275,8 @@ TEST(CpuKernels, QuantizeBlockSimdMatchesScalar) {
         EXPECT_EQ(sa, sb) << cpu::isa_name(isa);
         EXPECT_EQ(ua, ub) << cpu::isa_name(isa);
         for (int t = 0; t < terms; ++t)
-          for (int64_t i = 0; i < n; ++i) ASSERT_EQ(a[t][i], b[t][i]) << cpu::isa_name(isa) << " term " << t << " i " << i;
+          for (int64_t i = 0; i < n; ++i)
+            ASSERT_EQ(a[t][i], b[t][i]) << cpu::isa_name(isa) << " term " << t << " i " << i;
         // The terms reconstruct v to within half the last term's unit, plus the float rounding of
         // v * 127 / max (2^-23 relative).
         for (int64_t i = 0; i < n; ++i) {

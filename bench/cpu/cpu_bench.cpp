@@ -13,7 +13,8 @@
 //    runs after the same eviction buffer has been streamed, so every weight comes from DRAM as it
 //    does when a model's layers are run one after another.
 //  - The compute ceiling too: a register-only fp32 FMA loop of the layer's ISA on every thread
-//    (5 passes at the start, one after each case); "%FMA" = GFLOP/s / the best pass of the run.
+//    (5 passes at the start, one after each case); "%FMA" = GFLOP/s / the best pass of the run,
+//    "%FMAadj" = GFLOP/s / the pass right after the case (the same load from other processes).
 //  - Bytes per call: the checkpoint-form bytes (codes, f16 scales, zeros unless symmetric) of the
 //    experts that received tokens, the shared expert and the fp32 router, plus activations in and
 //    out. FLOPs: 2 M (k 3 I H + 3 I_shared H). Median time, min/max as the spread.
@@ -255,6 +256,7 @@ struct CaseResult {
   double tokens_max = 0, tokens_mean = 0;  // tokens on the busiest / an average active expert (mean over calls)
   double mbytes = 0;   // mean MB read per call
   double gbs = 0, pct_bw = 0, gflops = 0, pct_fma = 0;
+  double pct_fma_adj = 0;  // GFLOP/s / the FMA pass run right after the case (same machine load)
   double pct_adj = 0;  // median over calls of GB/s / the stream GB/s measured just before it
   // Process CPU time / (wall x threads) over the case's timed loop (calls and eviction passes,
   // all of which use every thread). NOTE: not per call: the kernel charges other threads' time at
@@ -443,9 +445,12 @@ int run_cpu_bench(const BenchOptions& o) {
       r.pct_adj = median(rel);
       r.cpu_share = 100.0 * (process_cpu_seconds() - cpu_case) / (since(t_case) * pool.size());
       r.gflops = flops / (r.us * 1e-6) / 1e9;
-      // Like the bandwidth, the FMA peak is sampled again after each case; %FMA uses the best.
-      fma_best = std::max(fma_best, fma_peak(cpu::kernels(isa)));
+      // Like the bandwidth, the FMA peak is sampled again after each case: %FMA uses the best pass
+      // of the run, %FMAadj this one (taken under about the load the case ran under).
+      const double fma_now = fma_peak(cpu::kernels(isa));
+      fma_best = std::max(fma_best, fma_now);
       r.pct_fma = 100.0 * r.gflops / fma_best;
+      r.pct_fma_adj = 100.0 * r.gflops / fma_now;
       if (M <= kRefMaxM) {
         stream_read(evict.get(), words);
         const auto t0 = Clock::now();
@@ -481,11 +486,11 @@ int run_cpu_bench(const BenchOptions& o) {
   }
   std::printf("\nISA %s; best read bandwidth over the run: %.2f GB/s (= 100%% of %%BW); fp32 FMA peak %.1f GFLOP/s\n",
               cpu::isa_name(isa), bw, fma_best);
-  std::printf("%-20s %6s %10s %8s %7s %7s %8s %6s %5s\n", "model", "M", "us", "GB/s", "%BW", "%adj", "GFLOP/s", "%FMA",
-              "cpu%");
+  std::printf("%-20s %6s %10s %8s %7s %7s %8s %6s %8s %5s\n", "model", "M", "us", "GB/s", "%BW", "%adj", "GFLOP/s",
+              "%FMA", "%FMAadj", "cpu%");
   for (const CaseResult& r : results)
-    std::printf("%-20s %6lld %10.1f %8.2f %6.1f%% %6.1f%% %8.1f %5.1f%% %4.0f%%\n", r.model.c_str(), (long long)r.M, r.us,
-                r.gbs, r.pct_bw, r.pct_adj, r.gflops, r.pct_fma, r.cpu_share);
+    std::printf("%-20s %6lld %10.1f %8.2f %6.1f%% %6.1f%% %8.1f %5.1f%% %7.1f%% %4.0f%%\n", r.model.c_str(),
+                (long long)r.M, r.us, r.gbs, r.pct_bw, r.pct_adj, r.gflops, r.pct_fma, r.pct_fma_adj, r.cpu_share);
 
   // ---- JSON / CSV --------------------------------------------------------------------------
   auto num = [](double v) { return std::isfinite(v) ? fmt_or_na(v, "%.6g") : std::string("null"); };
@@ -509,7 +514,7 @@ int run_cpu_bench(const BenchOptions& o) {
         << ", \"mbytes\": " << num(r.mbytes)
         << ", \"gbs\": " << num(r.gbs) << ", \"pct_bw\": " << num(r.pct_bw) << ", \"pct_bw_adjacent\": " << num(r.pct_adj)
         << ", \"cpu_share_pct\": " << num(r.cpu_share) << ", \"gflops\": " << num(r.gflops)
-        << ", \"pct_fma\": " << num(r.pct_fma)
+        << ", \"pct_fma\": " << num(r.pct_fma) << ", \"pct_fma_adjacent\": " << num(r.pct_fma_adj)
         << ", \"ref_us\": " << num(r.ref_us) << ", \"speedup_ref\": " << num(r.ref_us / r.us)
         << ", \"scalar_us\": " << num(r.base_us) << ", \"speedup_scalar\": " << num(r.base_us / r.us)
         << ", \"check_rel_err\": " << num(r.check_err) << ", \"pass\": " << (r.pass ? "true" : "false") << "}"
@@ -522,7 +527,7 @@ int run_cpu_bench(const BenchOptions& o) {
     if (!f) throw Error("bench: cannot write --csv " + o.csv_path);
     f << "device,machine,threads,isa,date,commit,scheme,dtype,read_bw_gbs,model,M,us,us_min,us_max,reps,"
          "active_experts,mbytes,gbs,pct_bw,pct_bw_adjacent,cpu_share_pct,gflops,ref_us,speedup_ref,scalar_us,speedup_scalar,check_rel_err,pass,"
-         "routing,tokens_per_expert_max,tokens_per_expert_mean,fma_peak_gflops,pct_fma\n";
+         "routing,tokens_per_expert_max,tokens_per_expert_mean,fma_peak_gflops,pct_fma,pct_fma_adjacent\n";
     for (const CaseResult& r : results)
       f << "cpu,\"" << machine << "\"," << pool.size() << "," << cpu::isa_name(isa) << "," << date << "," << commit
         << ",\"" << o.scheme.describe() << "\"," << dtype_name(act) << "," << num(bw) << "," << r.model << "," << r.M
@@ -532,7 +537,7 @@ int run_cpu_bench(const BenchOptions& o) {
         << num(r.gflops) << "," << num(r.ref_us) << "," << num(r.ref_us / r.us) << "," << num(r.base_us) << ","
         << num(r.base_us / r.us) << "," << num(r.check_err) << "," << (r.pass ? "true" : "false") << ","
         << o.routing.name() << "," << num(r.tokens_max) << "," << num(r.tokens_mean) << "," << num(fma_best) << ","
-        << num(r.pct_fma) << "\n";
+        << num(r.pct_fma) << "," << num(r.pct_fma_adj) << "\n";
   }
   if (!o.plot_path.empty()) {
     bench::PlotInput plot = plot_input(std::move(plot_presets), results, bw);

@@ -38,6 +38,7 @@ TEST(CpuBenchCli, SmallPresetWritesTableJsonCsvPlotAndPasses) {
   EXPECT_TRUE(has(j, "\"read_bandwidth_gbs\"")) << j;
   EXPECT_TRUE(has(j, "\"fma_peak_gflops\"")) << j;
   EXPECT_TRUE(has(j, "\"pct_fma\"")) << j;
+  EXPECT_TRUE(has(j, "\"pct_fma_adjacent\"")) << j;
   EXPECT_TRUE(has(j, "\"dtype\": \"f16\"")) << j;
   EXPECT_TRUE(has(c, "model,M,us")) << c;
   EXPECT_TRUE(has(r.out, "plot: " + svg)) << r.out;

@@ -12,6 +12,9 @@
 //  - Each timed call gets fresh activations (rotating among 4 random sets, so routing varies) and
 //    runs after the same eviction buffer has been streamed, so every weight comes from DRAM as it
 //    does when a model's layers are run one after another.
+//  - The compute ceiling too: a register-only fp32 FMA loop of the layer's ISA on every thread
+//    (5 passes at the start, one after each case); "%FMA" = GFLOP/s / the best pass of the run,
+//    "%FMAadj" = GFLOP/s / the pass right after the case (the same load from other processes).
 //  - Bytes per call: the checkpoint-form bytes (codes, f16 scales, zeros unless symmetric) of the
 //    experts that received tokens, the shared expert and the fp32 router, plus activations in and
 //    out. FLOPs: 2 M (k 3 I H + 3 I_shared H). Median time, min/max as the spread.
@@ -105,6 +108,27 @@ double stream_read(const uint64_t* buf, int64_t words) {
   for (uint64_t v : sums) all += v;
   g_sink = all;
   return double(words) * 8 / s / 1e9;
+}
+
+// The fp32 FMA peak of the ISA the layer uses: every pool thread runs the register-only FMA loop
+// (kernels.h: FmaLoopFn) for about 50 ms; returns GFLOP/s.
+double fma_peak(const cpu::Kernels& k) {
+  cpu::ThreadPool& pool = cpu::thread_pool();
+  const int T = pool.size();
+  int64_t iters = 1 << 16;
+  for (;;) {  // size the loop so one pass takes about 50 ms
+    const auto t0 = Clock::now();
+    k.fma_loop(iters);
+    if (since(t0) > 0.05 || iters > (int64_t(1) << 40)) break;
+    iters *= 4;
+  }
+  std::vector<double> flops(size_t(T), 0);
+  const auto t0 = Clock::now();
+  pool.run(T, [&](int64_t t, int) { flops[size_t(t)] = k.fma_loop(iters); });
+  const double s = since(t0);
+  double all = 0;
+  for (double f : flops) all += f;
+  return all / s / 1e9;
 }
 
 double median(std::vector<double> v) {
@@ -231,7 +255,8 @@ struct CaseResult {
   double experts = 0;  // mean routed experts with tokens
   double tokens_max = 0, tokens_mean = 0;  // tokens on the busiest / an average active expert (mean over calls)
   double mbytes = 0;   // mean MB read per call
-  double gbs = 0, pct_bw = 0, gflops = 0;
+  double gbs = 0, pct_bw = 0, gflops = 0, pct_fma = 0;
+  double pct_fma_adj = 0;  // GFLOP/s / the FMA pass run right after the case (same machine load)
   double pct_adj = 0;  // median over calls of GB/s / the stream GB/s measured just before it
   // Process CPU time / (wall x threads) over the case's timed loop (calls and eviction passes,
   // all of which use every thread). NOTE: not per call: the kernel charges other threads' time at
@@ -310,6 +335,9 @@ int run_cpu_bench(const BenchOptions& o) {
   const double bw_start = *std::max_element(bw_runs.begin(), bw_runs.end());
   const double bw_med = median(bw_runs);
   double bw_best = bw_start;  // raised by every later eviction pass: the best of the whole run
+  // The compute ceiling, measured now too: the best of 5 passes of the ISA's FMA loop.
+  double fma_best = 0;
+  for (int i = 0; i < 5; ++i) fma_best = std::max(fma_best, fma_peak(cpu::kernels(isa)));
 
   const std::string machine = cpu_model();
   const std::string commit = bench::git_commit(), date = bench::utc_now();
@@ -319,6 +347,9 @@ int run_cpu_bench(const BenchOptions& o) {
               o.scheme.describe().c_str(), dtype_name(act), o.routing.name().c_str());
   std::printf("read bandwidth (%d threads, %.0f MiB streamed) at start: best %.2f GB/s, median %.2f GB/s\n",
               pool.size(), double(evict_bytes) / (1 << 20), bw_start, bw_med);
+  std::printf("fp32 FMA peak (%s register-only FMA loop, %d threads) at start: %.1f GFLOP/s; %%FMA = GFLOP/s / the\n"
+              "best FMA pass of the whole run (sampled again after each case; printed at the end)\n",
+              cpu::isa_name(isa), pool.size(), fma_best);
   std::printf("%%BW = GB/s / the best stream pass of the whole run (printed at the end); %%adj = median over calls\n"
               "of GB/s / the stream pass run just before that call (same machine load); cpu%% = process CPU time /\n"
               "(wall x threads) over the case's timed loop (below 100: other processes took the cores)\n");
@@ -354,9 +385,9 @@ int run_cpu_bench(const BenchOptions& o) {
                     ? ""
                     : (" shared " + std::to_string(spec.shared_inter)).c_str(),
                 gen_s, load_s, err, layer_tolerance(act), pass ? "PASS" : "FAIL");
-    std::printf("%6s %10s %19s %8s %8s %8s %6s %5s %8s %11s %8s %11s %8s %7s %7s\n", "M", "us", "spread(min-max)",
-                "experts", "MB", "GB/s", "%adj", "cpu%", "GFLOP/s", "ref us", "x ref", "scalar us", "x scal", "max/e",
-                "mean/e");
+    std::printf("%6s %10s %19s %8s %8s %8s %6s %5s %8s %6s %11s %8s %11s %8s %7s %7s\n", "M", "us",
+                "spread(min-max)", "experts", "MB", "GB/s", "%adj", "cpu%", "GFLOP/s", "%FMA", "ref us", "x ref",
+                "scalar us", "x scal", "max/e", "mean/e");
 
     for (int64_t M : ms) {
       CaseResult r;
@@ -414,6 +445,12 @@ int run_cpu_bench(const BenchOptions& o) {
       r.pct_adj = median(rel);
       r.cpu_share = 100.0 * (process_cpu_seconds() - cpu_case) / (since(t_case) * pool.size());
       r.gflops = flops / (r.us * 1e-6) / 1e9;
+      // Like the bandwidth, the FMA peak is sampled again after each case: %FMA uses the best pass
+      // of the run, %FMAadj this one (taken under about the load the case ran under).
+      const double fma_now = fma_peak(cpu::kernels(isa));
+      fma_best = std::max(fma_best, fma_now);
+      r.pct_fma = 100.0 * r.gflops / fma_best;
+      r.pct_fma_adj = 100.0 * r.gflops / fma_now;
       if (M <= kRefMaxM) {
         stream_read(evict.get(), words);
         const auto t0 = Clock::now();
@@ -430,10 +467,10 @@ int run_cpu_bench(const BenchOptions& o) {
         }
         r.base_us = median(bt) * 1e6;
       }
-      std::printf("%6lld %10.1f %19s %8.1f %8.2f %8.2f %5.1f%% %4.0f%% %8.1f %11s %8s %11s %8s %7.1f %7.1f\n",
+      std::printf("%6lld %10.1f %19s %8.1f %8.2f %8.2f %5.1f%% %4.0f%% %8.1f %5.1f%% %11s %8s %11s %8s %7.1f %7.1f\n",
                   (long long)M, r.us,
                   (fmt_or_na(r.us_min, "%.0f") + "-" + fmt_or_na(r.us_max, "%.0f")).c_str(), r.experts, r.mbytes,
-                  r.gbs, r.pct_adj, r.cpu_share, r.gflops, fmt_or_na(r.ref_us, "%.0f").c_str(),
+                  r.gbs, r.pct_adj, r.cpu_share, r.gflops, r.pct_fma, fmt_or_na(r.ref_us, "%.0f").c_str(),
                   fmt_or_na(r.ref_us / r.us, "%.1f").c_str(), fmt_or_na(r.base_us, "%.0f").c_str(),
                   fmt_or_na(r.base_us / r.us, "%.1f").c_str(), r.tokens_max, r.tokens_mean);
       std::fflush(stdout);
@@ -443,12 +480,17 @@ int run_cpu_bench(const BenchOptions& o) {
 
   // ---- % of the best bandwidth seen in the whole run (conservative: a max over many passes) -----
   const double bw = bw_best;
-  for (CaseResult& r : results) r.pct_bw = 100.0 * r.gbs / bw;
-  std::printf("\nbest read bandwidth over the run: %.2f GB/s (= 100%%)\n", bw);
-  std::printf("%-20s %6s %10s %8s %7s %7s %5s\n", "model", "M", "us", "GB/s", "%BW", "%adj", "cpu%");
+  for (CaseResult& r : results) {
+    r.pct_bw = 100.0 * r.gbs / bw;
+    r.pct_fma = 100.0 * r.gflops / fma_best;
+  }
+  std::printf("\nISA %s; best read bandwidth over the run: %.2f GB/s (= 100%% of %%BW); fp32 FMA peak %.1f GFLOP/s\n",
+              cpu::isa_name(isa), bw, fma_best);
+  std::printf("%-20s %6s %10s %8s %7s %7s %8s %6s %8s %5s\n", "model", "M", "us", "GB/s", "%BW", "%adj", "GFLOP/s",
+              "%FMA", "%FMAadj", "cpu%");
   for (const CaseResult& r : results)
-    std::printf("%-20s %6lld %10.1f %8.2f %6.1f%% %6.1f%% %4.0f%%\n", r.model.c_str(), (long long)r.M, r.us, r.gbs,
-                r.pct_bw, r.pct_adj, r.cpu_share);
+    std::printf("%-20s %6lld %10.1f %8.2f %6.1f%% %6.1f%% %8.1f %5.1f%% %7.1f%% %4.0f%%\n", r.model.c_str(),
+                (long long)r.M, r.us, r.gbs, r.pct_bw, r.pct_adj, r.gflops, r.pct_fma, r.pct_fma_adj, r.cpu_share);
 
   // ---- JSON / CSV --------------------------------------------------------------------------
   auto num = [](double v) { return std::isfinite(v) ? fmt_or_na(v, "%.6g") : std::string("null"); };
@@ -460,6 +502,7 @@ int run_cpu_bench(const BenchOptions& o) {
       << "\",\n  \"scheme\": \"" << o.scheme.describe() << "\",\n  \"dtype\": \"" << dtype_name(act)
       << "\",\n  \"routing\": \"" << o.routing.name()
       << "\",\n  \"read_bandwidth_gbs\": " << num(bw) << ",\n  \"read_bandwidth_start_median_gbs\": " << num(bw_med)
+      << ",\n  \"fma_peak_gflops\": " << num(fma_best)
       << ",\n  \"cases\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const CaseResult& r = results[i];
@@ -471,6 +514,7 @@ int run_cpu_bench(const BenchOptions& o) {
         << ", \"mbytes\": " << num(r.mbytes)
         << ", \"gbs\": " << num(r.gbs) << ", \"pct_bw\": " << num(r.pct_bw) << ", \"pct_bw_adjacent\": " << num(r.pct_adj)
         << ", \"cpu_share_pct\": " << num(r.cpu_share) << ", \"gflops\": " << num(r.gflops)
+        << ", \"pct_fma\": " << num(r.pct_fma) << ", \"pct_fma_adjacent\": " << num(r.pct_fma_adj)
         << ", \"ref_us\": " << num(r.ref_us) << ", \"speedup_ref\": " << num(r.ref_us / r.us)
         << ", \"scalar_us\": " << num(r.base_us) << ", \"speedup_scalar\": " << num(r.base_us / r.us)
         << ", \"check_rel_err\": " << num(r.check_err) << ", \"pass\": " << (r.pass ? "true" : "false") << "}"
@@ -483,7 +527,7 @@ int run_cpu_bench(const BenchOptions& o) {
     if (!f) throw Error("bench: cannot write --csv " + o.csv_path);
     f << "device,machine,threads,isa,date,commit,scheme,dtype,read_bw_gbs,model,M,us,us_min,us_max,reps,"
          "active_experts,mbytes,gbs,pct_bw,pct_bw_adjacent,cpu_share_pct,gflops,ref_us,speedup_ref,scalar_us,speedup_scalar,check_rel_err,pass,"
-         "routing,tokens_per_expert_max,tokens_per_expert_mean\n";
+         "routing,tokens_per_expert_max,tokens_per_expert_mean,fma_peak_gflops,pct_fma,pct_fma_adjacent\n";
     for (const CaseResult& r : results)
       f << "cpu,\"" << machine << "\"," << pool.size() << "," << cpu::isa_name(isa) << "," << date << "," << commit
         << ",\"" << o.scheme.describe() << "\"," << dtype_name(act) << "," << num(bw) << "," << r.model << "," << r.M
@@ -492,7 +536,8 @@ int run_cpu_bench(const BenchOptions& o) {
         << num(r.pct_adj) << "," << num(r.cpu_share) << ","
         << num(r.gflops) << "," << num(r.ref_us) << "," << num(r.ref_us / r.us) << "," << num(r.base_us) << ","
         << num(r.base_us / r.us) << "," << num(r.check_err) << "," << (r.pass ? "true" : "false") << ","
-        << o.routing.name() << "," << num(r.tokens_max) << "," << num(r.tokens_mean) << "\n";
+        << o.routing.name() << "," << num(r.tokens_max) << "," << num(r.tokens_mean) << "," << num(fma_best) << ","
+        << num(r.pct_fma) << "," << num(r.pct_fma_adj) << "\n";
   }
   if (!o.plot_path.empty()) {
     bench::PlotInput plot = plot_input(std::move(plot_presets), results, bw);

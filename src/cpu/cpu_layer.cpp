@@ -15,8 +15,9 @@
 //
 // Work split: tasks are 64-column blocks of one expert's linear, so at M = 1 the (experts x
 // blocks) tasks spread every active weight byte over all threads, each byte read once; at large M
-// each task also loops over the expert's tokens (2 at a time in the AVX-512 kernel), reusing the block's
-// weights from L2, and token ranges are split further only when there are too few blocks.
+// each task also loops over the expert's tokens (up to 2 per decoded weight vector in the AVX-512
+// kernel, 4 in the AVX2 one), reusing the block's weights from L2, and token ranges are split
+// further only when there are too few blocks.
 #include "cpu/cpu_layer.h"
 
 #include <algorithm>
@@ -38,9 +39,10 @@
 namespace wna16::cpu {
 
 const Kernels& kernels(Isa isa) {
-  static const Kernels scalar{Isa::Scalar, gemm_block_scalar, router_scalar, stream_sum_scalar};
-  static const Kernels avx2{Isa::Avx2, gemm_block_avx2, router_avx2, stream_sum_avx2};
-  static const Kernels avx512{Isa::Avx512Vnni, gemm_block_avx512vnni, router_avx512, stream_sum_avx512};
+  static const Kernels scalar{Isa::Scalar, gemm_block_scalar, router_scalar, stream_sum_scalar, fma_loop_scalar};
+  static const Kernels avx2{Isa::Avx2, gemm_block_avx2, router_avx2, stream_sum_avx2, fma_loop_avx2};
+  static const Kernels avx512{Isa::Avx512Vnni, gemm_block_avx512vnni, router_avx512, stream_sum_avx512,
+                              fma_loop_avx512};
   if (!isa_supported(isa)) throw Error(std::string("CPU ISA ") + isa_name(isa) + " is not supported by this CPU");
   switch (isa) {
     case Isa::Scalar:
@@ -59,6 +61,7 @@ constexpr int64_t kMaxChunkTokens = 4096;  // bounds the per-slot scratch (h and
 constexpr int kRowsPerCall = 64;           // token rows handed to one kernel call
 constexpr int64_t kRouterExperts = 16;     // experts per router task
 constexpr int64_t kTasksPerThread = 8;     // GEMM tasks per thread and phase (load balance vs stream length)
+constexpr int64_t kStreamTokens = 4;       // a block's weight stream costs about this many tokens' compute
 
 inline float silu(float v) { return v / (1.f + std::exp(-v)); }
 
@@ -248,26 +251,46 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
   struct Task {
     int64_t entry, t0, t1, nb0, nb1;
   };
+  // Runs are sized by work, not by block count: a block of an expert with n tokens costs about
+  // K (n + kStreamTokens), so an expert with many tokens (the shared one gets all M) is cut into
+  // short runs and no single task holds a large part of the phase. Costliest tasks go first so
+  // the dynamic schedule ends on small ones.
   auto make_tasks = [&](bool down) {
-    int64_t blocks = 0;
-    for (const Entry& en : entries) {
+    auto linear = [&](const Entry& en) -> const PackedLinear& {
       const PackedExpert& ex = experts_[size_t(en.expert)];
-      blocks += down ? ex.down.NB : ex.gate.NB;
+      return down ? ex.down : ex.gate;
+    };
+    auto block_cost = [&](const Entry& en) { return double(linear(en).Kp) * double(en.count + kStreamTokens); };
+    int64_t blocks = 0;
+    double cost = 0;
+    for (const Entry& en : entries) {
+      blocks += linear(en).NB;
+      cost += block_cost(en) * double(linear(en).NB);
     }
     const int64_t want = kTasksPerThread * threads;
-    const int64_t run = std::max<int64_t>(1, blocks / want);
+    const double per_task = cost / double(want);
     const int64_t split = std::max<int64_t>(1, (want + blocks - 1) / std::max<int64_t>(blocks, 1));
     std::vector<Task> tasks;
+    std::vector<double> task_cost;
     for (int64_t i = 0; i < int64_t(entries.size()); ++i) {
       const Entry& en = entries[size_t(i)];
-      const PackedExpert& ex = experts_[size_t(en.expert)];
-      const int64_t nbs = down ? ex.down.NB : ex.gate.NB;
+      const int64_t nbs = linear(en).NB;
+      const int64_t run = std::max<int64_t>(1, std::llround(per_task / block_cost(en)));
       const int64_t tb = std::max<int64_t>(4, ((en.count + split - 1) / split + 3) / 4 * 4);
       for (int64_t nb = 0; nb < nbs; nb += run)
-        for (int64_t t0 = 0; t0 < en.count; t0 += tb)
+        for (int64_t t0 = 0; t0 < en.count; t0 += tb) {
           tasks.push_back({i, t0, std::min(en.count, t0 + tb), nb, std::min(nbs, nb + run)});
+          task_cost.push_back(double(tasks.back().nb1 - nb) * double(linear(en).Kp) *
+                              double(tasks.back().t1 - t0 + kStreamTokens));
+        }
     }
-    return tasks;
+    std::vector<size_t> order(tasks.size());
+    for (size_t j = 0; j < order.size(); ++j) order[j] = j;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return task_cost[a] > task_cost[b]; });
+    std::vector<Task> sorted;
+    sorted.reserve(tasks.size());
+    for (size_t j : order) sorted.push_back(tasks[j]);
+    return sorted;
   };
   tmp_.resize(size_t(threads) * 2 * kRowsPerCall * kBlockN);
 

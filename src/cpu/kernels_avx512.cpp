@@ -30,6 +30,8 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #endif
 
+#include "cpu/fma_probe.h"  // inside the region: compiled for this ISA
+
 namespace wna16::cpu {
 namespace {
 
@@ -51,12 +53,8 @@ template <int MR, int TERMS, bool INT8>
 void gemm_mr(const BlockView& v, const XRow* rows, float* out) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512 inv = _mm512_set1_ps(1.f / kTermRatio), inv2 = _mm512_set1_ps(1.f / (kTermRatio * kTermRatio));
-  for (int t = 0; t < MR; ++t)
-    for (int c = 0; c < kBlockN; c += 16) _mm512_storeu_ps(out + t * kBlockN + c, _mm512_setzero_ps());
   const uint8_t* p = v.data;
-  // NOTE: the stream's first kPrefetchBytes are requested at once, not one miss after another.
-  for (int off = 0; off < kPrefetchBytes; off += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(p) + off, kPrefetchHint);
+  start_block(p, kPrefetchBytes, out, MR);
   for (int64_t gi = 0; gi < v.groups; ++gi) {
     const uint8_t* hdr = p;
     p += v.header_bytes;
@@ -204,6 +202,14 @@ void quantize_block_impl(const float* v, int64_t n, int terms, int8_t* const* q,
   *sum = float(double(s[0]) + double(s[1]) / kTermRatio + double(s[2]) / (double(kTermRatio) * kTermRatio));
 }
 
+struct FmaOps {
+  using V = __m512;
+  static V set1(float v) { return _mm512_set1_ps(v); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+};
+double fma_loop_impl(int64_t iters) { return fma_probe<FmaOps>(iters); }
+
 uint64_t stream_sum_impl(const uint64_t* p, int64_t n) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
@@ -246,5 +252,7 @@ uint64_t stream_sum_avx512(const uint64_t* p, int64_t n) { return stream_sum_imp
 void quantize_block_avx512(const float* v, int64_t n, int terms, int8_t* const* q, float* scale, float* sum) {
   quantize_block_impl(v, n, terms, q, scale, sum);
 }
+
+double fma_loop_avx512(int64_t iters) { return fma_loop_impl(iters); }
 
 }  // namespace wna16::cpu

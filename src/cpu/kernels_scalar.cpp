@@ -96,4 +96,16 @@ uint64_t stream_sum_scalar(const uint64_t* p, int64_t n) {
   return s;
 }
 
+double fma_loop_scalar(int64_t iters) {
+  // Plain float multiply-adds in 8 chains (the compiler may fuse or vectorise them: this is the
+  // rate portable code gets).
+  float acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = 1.f + 1e-3f * float(i);
+  for (int64_t it = 0; it < iters; ++it)
+    for (float& a : acc) a = a * 0.999999f + 1e-7f;
+  volatile float sink = acc[0] + acc[7];
+  (void)sink;
+  return 2.0 * 8 * double(iters);
+}
+
 }  // namespace wna16::cpu

@@ -29,7 +29,7 @@ RowLayout row_layout(const PackedLinear& L, int terms) {
 }
 
 RowLayout row_layout_for(const PackedLinear& L, Isa isa, DType act) {
-  return row_layout(L, isa_uses_int8_rows(isa) ? (act == DType::F16 ? 3 : 2) : 0);
+  return row_layout(L, isa_uses_int8_rows(isa, L.bits) ? (act == DType::F16 ? 3 : 2) : 0);
 }
 
 XRow view_row(const RowLayout& r, const uint8_t* row) {
@@ -65,7 +65,8 @@ void prep_row(const PackedLinear& L, const RowLayout& r, const float* x, uint8_t
   for (int t = 0; t < r.terms; ++t) q[t] = reinterpret_cast<int8_t*>(row + r.q[t]);
   float* bscale = reinterpret_cast<float*>(row + r.bscale);
   float* bsum = reinterpret_cast<float*>(row + r.bsum);
-  // int8 rows only exist for the AVX-512 VNNI kernels, so the AVX-512 quantizer can be used.
+  // The builds give identical terms; int8 rows only exist where AVX2 does (kernels.h).
+  static const auto quantize = isa_supported(Isa::Avx512Vnni) ? quantize_block_avx512 : quantize_block_avx2;
   alignas(64) float v[kXBlock];
   for (int64_t b = 0; b < L.num_xblocks(); ++b) {
     const int64_t k0 = L.xblock_kstart[size_t(b)], n = L.xblock_len[size_t(b)];
@@ -75,7 +76,7 @@ void prep_row(const PackedLinear& L, const RowLayout& r, const float* x, uint8_t
       src = v;
     }
     int8_t* qb[3] = {q[0] + k0, q[1] + k0, q[2] ? q[2] + k0 : nullptr};
-    quantize_block_avx512(src, n, r.terms, qb, &bscale[b], &bsum[b]);
+    quantize(src, n, r.terms, qb, &bscale[b], &bsum[b]);
   }
 }
 

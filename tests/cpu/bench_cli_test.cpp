@@ -28,12 +28,17 @@ TEST(CpuBenchCli, SmallPresetWritesTableJsonCsvPlotAndPasses) {
                            " --csv " + csv + " --plot " + svg);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(has(r.out, "read bandwidth")) << r.out;
+  EXPECT_TRUE(has(r.out, "fp32 FMA peak")) << r.out;
+  EXPECT_TRUE(has(r.out, "%FMA")) << r.out;
   EXPECT_TRUE(has(r.out, "check vs float64 reference (M=3)")) << r.out;
   EXPECT_TRUE(has(r.out, "PASSED")) << r.out;
   const std::string j = slurp(json), c = slurp(csv);
   EXPECT_TRUE(has(j, "\"model\": \"small\"")) << j;
   EXPECT_TRUE(has(j, "\"M\": 3")) << j;
   EXPECT_TRUE(has(j, "\"read_bandwidth_gbs\"")) << j;
+  EXPECT_TRUE(has(j, "\"fma_peak_gflops\"")) << j;
+  EXPECT_TRUE(has(j, "\"pct_fma\"")) << j;
+  EXPECT_TRUE(has(j, "\"pct_fma_adjacent\"")) << j;
   EXPECT_TRUE(has(j, "\"dtype\": \"f16\"")) << j;
   EXPECT_TRUE(has(c, "model,M,us")) << c;
   EXPECT_TRUE(has(r.out, "plot: " + svg)) << r.out;

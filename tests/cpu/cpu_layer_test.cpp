@@ -57,7 +57,7 @@ TEST_P(FormatMatrix, MatchesReferenceOnEveryIsaAndDtype) {
   q.sym = sym;
   q.act_order = act_order;
   uint64_t seed = 11;
-  for (Isa isa : cpu::supported_isas())
+  for (Isa isa : cpu_test::isas_under_test())
     for (DType act : {DType::BF16, DType::F16}) expect_matches(tiny_spec(), q, act, isa, 17, ++seed);
 }
 
@@ -116,7 +116,7 @@ TEST_P(RoutingMatrix, MatchesReferenceForEveryM) {
   spec.shared_inter = shared == SharedExpertKind::None ? 0 : 384;
   QuantScheme q;  // gptq 4-bit g128 sym
   uint64_t seed = 100 + uint64_t(ci) * 10;
-  for (Isa isa : cpu::supported_isas())
+  for (Isa isa : cpu_test::isas_under_test())
     for (int64_t M : {1, 3, 17, 118})
       for (DType act : {DType::BF16, DType::F16}) expect_matches(spec, q, act, isa, M, ++seed);
 }
@@ -141,7 +141,7 @@ TEST(CpuLayer, RealModelWidthsI1408H576) {
     q.group_size = 64;
     q.act_order = ao;
     q.sym = !ao;
-    for (Isa isa : cpu::supported_isas()) expect_matches(spec, q, DType::BF16, isa, 3, ao ? 5 : 6);
+    for (Isa isa : cpu_test::isas_under_test()) expect_matches(spec, q, DType::BF16, isa, 3, ao ? 5 : 6);
   }
 }
 
@@ -157,7 +157,7 @@ TEST(CpuLayer, WidthsNotMultipleOf64) {
     q.format = f;
     q.group_size = -1;
     q.sym = false;
-    for (Isa isa : cpu::supported_isas())
+    for (Isa isa : cpu_test::isas_under_test())
       for (DType act : {DType::BF16, DType::F16}) expect_matches(spec, q, act, isa, 17, 9);
   }
 }
@@ -172,7 +172,7 @@ TEST(CpuLayer, AllTokensOnOneExpertAndZeroTokenExperts) {
   // other 7 experts get none.
   std::fill(w.router.begin(), w.router.end(), 0.f);
   for (int64_t h = 0; h < spec.hidden; ++h) w.router[size_t(5 * spec.hidden + h)] = 0.05f;
-  for (Isa isa : cpu::supported_isas()) {
+  for (Isa isa : cpu_test::isas_under_test()) {
     auto layer = cpu::make_cpu_layer_isa(spec, w, isa);
     for (int64_t M : {1, 118}) {
       auto x = random_activations(M * spec.hidden, DType::BF16, 5 + uint64_t(M));
@@ -276,7 +276,7 @@ namespace {
 TEST(CpuLayer, ActivationOutliers) {
   const MoeLayerSpec spec = tiny_spec();
   const MoeLayerWeights w = random_layer(spec, QuantScheme{}, 31);
-  for (Isa isa : cpu::supported_isas()) {
+  for (Isa isa : cpu_test::isas_under_test()) {
     auto layer = cpu::make_cpu_layer_isa(spec, w, isa);
     for (DType act : {DType::BF16, DType::F16}) {
       const int64_t M = 17;

@@ -5,16 +5,30 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cpu/isa.h"
 #include "wna16/backend.h"
 #include "wna16/half.h"
 #include "wna16/reference.h"
 
 namespace wna16::cpu_test {
+
+// The ISA builds this machine can run (every test covers each of them); the first call prints the
+// ones it cannot, so a log shows which paths were not exercised.
+inline std::vector<cpu::Isa> isas_under_test() {
+  static const bool printed = [] {
+    for (cpu::Isa isa : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512Vnni})
+      if (!cpu::isa_supported(isa)) std::printf("[  SKIPPED ] CPU ISA %s: not supported by this CPU\n", cpu::isa_name(isa));
+    return true;
+  }();
+  (void)printed;
+  return cpu::supported_isas();
+}
 
 // N(0, 1) activations rounded to `act`: raw bytes of dtype act, and the float values.
 struct Activations {

@@ -7,13 +7,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/align.h"
+#include "cpu_test_util.h"
 #include "cpu/isa.h"
 #include "cpu/kernels.h"
 #include "cpu/packed_linear.h"
@@ -85,7 +88,7 @@ void check_case(const LinearCase& c, uint64_t seed) {
       for (int64_t k = 0; k < c.K; ++k)
         for (int64_t n = 0; n < c.N; ++n)
           ref[size_t(t * c.N + n)] += double(x[size_t(t * c.K + k)]) * W[size_t(k * c.N + n)];
-    for (Isa isa : supported_isas()) {
+    for (Isa isa : cpu_test::isas_under_test()) {
       const RowLayout rl = row_layout_for(L, isa, act);
       std::vector<uint8_t> rows_mem(static_cast<size_t>(max_rows * rl.stride) + 64);
       uint8_t* base = rows_mem.data() + (64 - reinterpret_cast<uintptr_t>(rows_mem.data()) % 64) % 64;
@@ -153,7 +156,7 @@ TEST(CpuKernels, RouterMatchesDoubleAccumulation) {
   for (auto& v : w) v = nd(rng);
   std::vector<float> want(static_cast<size_t>(E));
   router_scalar(x.data(), w.data(), H, E, want.data());
-  for (Isa isa : supported_isas()) {
+  for (Isa isa : cpu_test::isas_under_test()) {
     std::vector<float> got(static_cast<size_t>(E), NAN);
     kernels(isa).router(x.data(), w.data(), H, E, got.data());
     for (int64_t e = 0; e < E; ++e) EXPECT_EQ(got[size_t(e)], want[size_t(e)]) << isa_name(isa) << " e=" << e;
@@ -234,7 +237,7 @@ TEST(CpuKernels, StreamSumEveryIsa) {
   std::vector<uint64_t> v(1003);
   for (size_t i = 0; i < v.size(); ++i) v[i] = i * 2654435761u;
   const uint64_t want = cpu::stream_sum_scalar(v.data(), int64_t(v.size()));
-  for (cpu::Isa isa : cpu::supported_isas())
+  for (cpu::Isa isa : cpu_test::isas_under_test())
     for (int64_t n : {0, 1, 31, 32, 1003})
       EXPECT_EQ(cpu::kernels(isa).stream_sum(v.data(), n), cpu::stream_sum_scalar(v.data(), n)) << cpu::isa_name(isa);
   EXPECT_NE(want, 0u);
@@ -246,35 +249,44 @@ TEST(CpuKernels, StreamSumEveryIsa) {
 namespace wna16 {
 namespace {
 
-// The AVX-512 activation quantizer must give exactly the scalar one's terms, scale and sum.
-TEST(CpuKernels, QuantizeBlockAvx512MatchesScalar) {
-  if (!cpu::isa_supported(cpu::Isa::Avx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+// Every SIMD activation quantizer must give exactly the scalar one's terms, scale and sum.
+TEST(CpuKernels, QuantizeBlockSimdMatchesScalar) {
+  using QuantizeFn = void (*)(const float*, int64_t, int, int8_t* const*, float*, float*);
+  const std::pair<cpu::Isa, QuantizeFn> builds[] = {{cpu::Isa::Avx2, cpu::quantize_block_avx2},
+                                                    {cpu::Isa::Avx512Vnni, cpu::quantize_block_avx512}};
   std::mt19937_64 rng(12);
   std::normal_distribution<float> nd(0.f, 1.f);
-  for (int terms : {2, 3})
-    for (int64_t n : {8, 24, 64}) {
-      std::vector<float> v(static_cast<size_t>(n));
-      for (auto& x : v) x = nd(rng) * (rng() % 8 == 0 ? 50.f : 1.f);
-      if (n == 8) std::fill(v.begin(), v.end(), 0.f);  // all-zero block
-      int8_t a[3][64] = {}, b[3][64] = {};
-      int8_t* qa[3] = {a[0], a[1], a[2]};
-      int8_t* qb[3] = {b[0], b[1], b[2]};
-      float sa = -1, sb = -2, ua = -1, ub = -2;
-      cpu::quantize_block_scalar(v.data(), n, terms, qa, &sa, &ua);
-      cpu::quantize_block_avx512(v.data(), n, terms, qb, &sb, &ub);
-      EXPECT_EQ(sa, sb);
-      EXPECT_EQ(ua, ub);
-      for (int t = 0; t < terms; ++t)
-        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(a[t][i], b[t][i]) << "term " << t << " i " << i;
-      // The terms reconstruct v to within half the last term's unit, plus the float rounding of
-      // v * 127 / max (2^-23 relative).
-      for (int64_t i = 0; i < n; ++i) {
-        double r = 0, unit = 1;
-        for (int t = 0; t < terms; ++t, unit /= cpu::kTermRatio) r += a[t][i] * unit;
-        const double half_unit = terms == 2 ? 0.5 / 254 : 0.5 / (254.0 * 254.0);
-        EXPECT_LE(std::fabs(r * sa - v[size_t(i)]), sa * (half_unit + 127 * 0x1p-23) + 1e-12);
-      }
+  for (const auto& [isa, quantize] : builds) {
+    if (!cpu::isa_supported(isa)) {
+      std::printf("[  SKIPPED ] %s quantizer: not supported by this CPU\n", cpu::isa_name(isa));
+      continue;
     }
+    for (int terms : {2, 3})
+      for (int64_t n : {8, 24, 64}) {
+        std::vector<float> v(static_cast<size_t>(n));
+        for (auto& x : v) x = nd(rng) * (rng() % 8 == 0 ? 50.f : 1.f);
+        if (n == 8) std::fill(v.begin(), v.end(), 0.f);  // all-zero block
+        int8_t a[3][64] = {}, b[3][64] = {};
+        int8_t* qa[3] = {a[0], a[1], a[2]};
+        int8_t* qb[3] = {b[0], b[1], b[2]};
+        float sa = -1, sb = -2, ua = -1, ub = -2;
+        cpu::quantize_block_scalar(v.data(), n, terms, qa, &sa, &ua);
+        quantize(v.data(), n, terms, qb, &sb, &ub);
+        EXPECT_EQ(sa, sb) << cpu::isa_name(isa);
+        EXPECT_EQ(ua, ub) << cpu::isa_name(isa);
+        for (int t = 0; t < terms; ++t)
+          for (int64_t i = 0; i < n; ++i)
+            ASSERT_EQ(a[t][i], b[t][i]) << cpu::isa_name(isa) << " term " << t << " i " << i;
+        // The terms reconstruct v to within half the last term's unit, plus the float rounding of
+        // v * 127 / max (2^-23 relative).
+        for (int64_t i = 0; i < n; ++i) {
+          double r = 0, unit = 1;
+          for (int t = 0; t < terms; ++t, unit /= cpu::kTermRatio) r += a[t][i] * unit;
+          const double half_unit = terms == 2 ? 0.5 / 254 : 0.5 / (254.0 * 254.0);
+          EXPECT_LE(std::fabs(r * sa - v[size_t(i)]), sa * (half_unit + 127 * 0x1p-23) + 1e-12);
+        }
+      }
+  }
 }
 
 }  // namespace

@@ -33,9 +33,11 @@ struct ParallelPlan {
 };
 
 // Checks the plan against a layer and its weights: the plan itself, E divisible by ep, the routed
-// and shared widths divisible by tp, and each rank's slice of every linear holding whole
-// quantization groups (down projections) and whole packed words (all three), naming the expert,
-// the linear and the values. Group size -1 (one group over the whole width) splits anywhere.
+// and shared widths divisible by tp, and each rank's slice of every linear representable in the
+// checkpoint's format: whole packed words (GPTQ packs K by 32/bits, qzeros and AWQ pack N by 8)
+// and, for down projections, the slice's groups (slice_group_len) valid for the format; naming the
+// expert, the linear, the rank's rows and the values. A cut inside a quantization group is fine:
+// the slice gets a smaller group length (below).
 void check_plan(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& w);
 // The spec-only part (no weights): plan, E % ep, I % tp, shared width % tp.
 void check_plan(const ParallelPlan& plan, const MoeLayerSpec& spec);
@@ -69,9 +71,18 @@ TokenRange token_range(const ParallelPlan& plan, int64_t M, int ep_rank);
 // down rows are cut with the same order, which leaves silu(gate x) * up x . down unchanged.
 std::vector<int32_t> inter_order(const QuantizedLinear& down);
 
+// The group length of a rank's slice of a down projection: rows at positions [begin, end) of
+// inter_order(down), where each original group is one contiguous run. The largest length that
+// divides the group size and every run's part inside the slice (for groups of g channels:
+// gcd(g, begin mod g, end mod g); g itself when the cuts fall on group starts), so that each of the slice's groups lies in one original group and takes its scale
+// and zero: the slice dequantizes to exactly the full rows. -1 when down's group_size is -1 (one
+// group over the width stays one group over the slice). shard_weights cuts with this length.
+int64_t slice_group_len(const QuantizedLinear& down, int64_t begin, int64_t end);
+
 // The weights rank `rank` holds, packed from the full checkpoint tensors: routed experts
 // [expert_begin, expert_end) and the shared expert, each cut to the rank's slice of its width
-// (gate/up: those columns, down: those rows, with their groups' scales and zeros). The router,
+// (gate/up: those columns, down: those rows in groups of slice_group_len, each with the scale and
+// zero of the original group it lies in). The router,
 // correction bias and shared gate are not sharded (every rank routes its own tokens) and stay in
 // `full`. With tp == 1 experts are copied as they are. Calls check_plan.
 struct ShardWeights {

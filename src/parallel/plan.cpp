@@ -33,19 +33,34 @@ void check_width(const ParallelPlan& p, int64_t width, const char* what) {
                 " is not divisible by tp=" + std::to_string(p.tp));
 }
 
-// One linear's slice on a rank: gate/up keep K and take N/tp columns, down takes K/tp rows.
+// One linear's slice on a rank: gate/up keep K and take N/tp columns (each rank's columns are
+// checked once: the packing along N does not depend on which columns); down takes K/tp rows, each
+// rank's rows in groups of slice_group_len, checked per rank.
 void check_linear(const ParallelPlan& p, const QuantizedLinear& l, bool rows, const std::string& who) {
   const int64_t K = rows ? l.K / p.tp : l.K, N = rows ? l.N : l.N / p.tp;
   const std::string where = "parallel plan " + p.describe() + ": " + who + " [K=" + std::to_string(l.K) +
                             ", N=" + std::to_string(l.N) + "] split by tp=" + std::to_string(p.tp) + " (" +
                             (rows ? "rows" : "columns") + ")";
-  if (rows && l.scheme.group_size > 0 && K % l.scheme.group_size != 0)
-    throw Error(where + ": " + std::to_string(K) + " rows per rank is not a multiple of group_size=" +
-                std::to_string(l.scheme.group_size) + " (a rank's rows must be whole quantization groups)");
-  try {
-    l.scheme.validate(K, N);
-  } catch (const Error& e) {
-    throw Error(where + ": " + e.what());
+  if (!rows) {
+    try {
+      l.scheme.validate(K, N);
+    } catch (const Error& e) {
+      throw Error(where + ": " + e.what());
+    }
+    return;
+  }
+  for (int r = 0; r < p.tp; ++r) {
+    const int64_t a = r * K, b = a + K;
+    QuantScheme s = l.scheme;
+    s.act_order = false;
+    if (s.group_size != -1) s.group_size = int(slice_group_len(l, a, b));
+    try {
+      s.validate(K, N);
+    } catch (const Error& e) {
+      throw Error(where + ": tp rank " + std::to_string(r) + "'s rows [" + std::to_string(a) + ", " +
+                  std::to_string(b) + ") in groups of " + std::to_string(s.group_size) + " (group_size=" +
+                  std::to_string(l.scheme.group_size) + "): " + e.what());
+    }
   }
 }
 
@@ -115,6 +130,27 @@ std::vector<int32_t> inter_order(const QuantizedLinear& down) {
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return down.g_idx[size_t(a)] < down.g_idx[size_t(b)]; });
   return order;
+}
+
+int64_t slice_group_len(const QuantizedLinear& down, int64_t begin, int64_t end) {
+  if (begin < 0 || end > down.K || begin >= end)
+    throw Error("slice_group_len: rows [" + std::to_string(begin) + ", " + std::to_string(end) +
+                ") are not a non-empty range of K=" + std::to_string(down.K));
+  if (down.scheme.group_size == -1) return -1;
+  const std::vector<int32_t> order = inter_order(down);
+  const int64_t len = down.scheme.group_len(down.K);
+  const auto group = [&](int64_t pos) -> int64_t {
+    const int32_t ch = order[size_t(pos)];
+    return down.g_idx.empty() ? ch / len : down.g_idx[size_t(ch)];
+  };
+  int64_t g = len;  // a length dividing the group size too (the same for every expert of a layer)
+  for (int64_t i = begin; i < end;) {
+    int64_t j = i + 1;
+    while (j < end && group(j) == group(i)) ++j;
+    g = std::gcd(g, j - i);
+    i = j;
+  }
+  return g;
 }
 
 DispatchPlan plan_dispatch(const ParallelPlan& p, const MoeLayerSpec& spec, const int32_t* ids, const float* wts,

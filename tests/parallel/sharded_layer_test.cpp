@@ -3,7 +3,8 @@
 // rank, and within float reassociation otherwise (the partial sums are added in another order).
 // Every routing variant (softmax with and without renormalisation, DeepSeek-V2 group-limited,
 // DeepSeek-V3 noaux_tc; sigmoid-gated, plain and no shared expert) and every format, for the plans
-// tp=2, ep=2, tp=2 x ep=2, tp=4, ep=4 and tp=1 x ep=1, on the caller-routed path too.
+// tp=2, ep=2, tp=2 x ep=2, tp=4, ep=4 and tp=1 x ep=1, on the caller-routed path too; and the
+// small preset with group size 128, where TP cuts fall inside groups.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -133,6 +134,20 @@ TEST(ShardedCpuLayer, CallerRoutingWithRepeatsAndF16) {
   uint64_t seed = 200;
   for (const ParallelPlan& plan : {ParallelPlan{2, 2}, ParallelPlan{1, 4}, ParallelPlan{1, 1}})
     for (const Variant& v : {variants()[0], variants()[3]}) check(v, formats()[1], plan, DType::F16, true, seed++);
+}
+
+// The small preset with the default group size 128 (I = 128): every TP cut falls inside a group
+// (64 or 32 rows per rank), for every format.
+TEST(ShardedCpuLayer, SmallPresetWithDefaultGroupSizeCutsInsideGroups) {
+  const Variant v{"small preset", preset("small")};
+  uint64_t seed = 300;
+  for (const ParallelPlan& plan : {ParallelPlan{2, 1}, ParallelPlan{2, 2}, ParallelPlan{4, 1}})
+    for (const QuantScheme& q : {QuantScheme{Format::GptqV1, 4, 128, true, false}, QuantScheme{Format::GptqV1, 4, 128, true, true},
+                                 QuantScheme{Format::GptqV2, 4, 128, false, true}, QuantScheme{Format::GptqV1, 8, 128, false, false},
+                                 QuantScheme{Format::Awq, 4, 128, false, false}}) {
+      check(v, q, plan, seed % 2 ? DType::F16 : DType::BF16, false, seed);
+      ++seed;
+    }
 }
 
 TEST(ShardedCpuLayer, OneRankAlsoBitExactWithF32Inputs) {

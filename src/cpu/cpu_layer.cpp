@@ -126,17 +126,23 @@ int64_t CpuMoeLayer::shared_bytes() const {
 }
 
 void CpuMoeLayer::forward_host(const void* x, void* out, int64_t M, DType dtype) {
-  forward(x, out, M, dtype, nullptr, nullptr, spec_.routing.top_k);
+  forward(x, out, M, dtype, dtype, nullptr, nullptr, spec_.routing.top_k);
 }
 
 void CpuMoeLayer::forward_routed_host(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k,
                                       void* out, int64_t M, DType dtype) {
   check_routing(spec_.routing, topk_ids, topk_weights, M, top_k, "cpu forward_routed_host");
-  forward(x, out, M, dtype, topk_ids, topk_weights, top_k);
+  forward(x, out, M, dtype, dtype, topk_ids, topk_weights, top_k);
 }
 
-void CpuMoeLayer::forward(const void* x, void* out, int64_t M, DType dtype, const int32_t* ids, const float* wts,
-                          int k) {
+void CpuMoeLayer::forward_routed_f32(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k,
+                                     float* out, int64_t M, DType dtype) {
+  check_routing(spec_.routing, topk_ids, topk_weights, M, top_k, "cpu forward_routed_f32");
+  forward(x, out, M, dtype, DType::F32, topk_ids, topk_weights, top_k);
+}
+
+void CpuMoeLayer::forward(const void* x, void* out, int64_t M, DType dtype, DType out_dtype, const int32_t* ids,
+                          const float* wts, int k) {
   check_forward_args(x, out, M, "cpu forward");
   std::lock_guard<std::mutex> lock(mu_);
   stats_ = {};
@@ -144,14 +150,14 @@ void CpuMoeLayer::forward(const void* x, void* out, int64_t M, DType dtype, cons
   for (int64_t m0 = 0; m0 < M; m0 += kMaxChunkTokens) {
     const int64_t mc = std::min(kMaxChunkTokens, M - m0);
     forward_chunk(static_cast<const uint8_t*>(x) + m0 * H * int64_t(dtype_size(dtype)),
-                  static_cast<uint8_t*>(out) + m0 * H * int64_t(dtype_size(dtype)), mc, dtype,
+                  static_cast<uint8_t*>(out) + m0 * H * int64_t(dtype_size(out_dtype)), mc, dtype, out_dtype,
                   ids ? ids + m0 * k : nullptr, wts ? wts + m0 * k : nullptr, k);
   }
 }
 
 // ids/wts: the caller's routing [M, k], or null to route with the layer's router.
-void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype, const int32_t* ids,
-                                const float* wts, int k) {
+void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype, DType out_dtype,
+                                const int32_t* ids, const float* wts, int k) {
   ThreadPool& pool = thread_pool();
   const int threads = pool.size();
   const DType act = compute_dtype(dtype);
@@ -393,7 +399,7 @@ void CpuMoeLayer::forward_chunk(const void* x, void* out, int64_t M, DType dtype
         const float* y = &ybuf_[size_t((routed_slots + m) * H)];
         for (int64_t h = 0; h < H; ++h) acc[size_t(h)] += gs * y[h];
       }
-      for (int64_t h = 0; h < H; ++h) store_act(out, dtype, m * H + h, acc[size_t(h)]);
+      for (int64_t h = 0; h < H; ++h) store_act(out, out_dtype, m * H + h, acc[size_t(h)]);
     }
   });
   trace.mark("G");

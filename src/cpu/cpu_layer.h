@@ -30,6 +30,11 @@ class CpuMoeLayer final : public MoeBackendLayer {
   void forward_host(const void* x, void* out, int64_t M, DType dtype) override;
   void forward_routed_host(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k, void* out,
                            int64_t M, DType dtype) override;
+  // forward_routed_host with the output kept in float (out [M, H] F32) while x stays in `dtype`:
+  // the weighted sums before their rounding, for callers that add partial outputs (the sharded
+  // layer of src/parallel adds them across ranks and rounds once).
+  void forward_routed_f32(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k, float* out,
+                          int64_t M, DType dtype);
 
   Isa isa() const { return kernels_->isa; }
   const ForwardStats& last_stats() const { return stats_; }
@@ -39,8 +44,11 @@ class CpuMoeLayer final : public MoeBackendLayer {
 
  private:
   struct Entry;  // one expert with tokens in the current chunk
-  void forward(const void* x, void* out, int64_t M, DType dtype, const int32_t* ids, const float* wts, int k);
-  void forward_chunk(const void* x, void* out, int64_t M, DType dtype, const int32_t* ids, const float* wts, int k);
+  // out_dtype: dtype, or F32 for forward_routed_f32.
+  void forward(const void* x, void* out, int64_t M, DType dtype, DType out_dtype, const int32_t* ids,
+               const float* wts, int k);
+  void forward_chunk(const void* x, void* out, int64_t M, DType dtype, DType out_dtype, const int32_t* ids,
+                     const float* wts, int k);
 
   MoeLayerSpec spec_;
   const Kernels* kernels_;

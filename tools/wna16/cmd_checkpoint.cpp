@@ -232,6 +232,7 @@ struct RunFlags {
   std::string dir, input, output, device;
   int64_t layer = -1;
   bool check = false;
+  PlanFlags plan;
 };
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -243,6 +244,8 @@ int run_run(const RunFlags& f) {
   const Checkpoint ck = Checkpoint::open(f.dir);
   const ModelConfig& c = ck.config();
   const MoeLayerSpec spec = c.layer_spec(f.layer);
+  const ParallelPlan plan = f.plan.plan();
+  if (plan.world() > 1) check_plan(plan, spec);
   const HiddenStates in = read_hidden_states(f.input);
   if (in.cols() != c.hidden)
     throw Error(f.input + ": hidden_states has shape [" + std::to_string(in.rows()) + ", " + std::to_string(in.cols()) +
@@ -269,7 +272,7 @@ int run_run(const RunFlags& f) {
   out.values.assign(x.size(), 0.0f);
   double fwd_ms = 0;
   if (M > 0) {
-    auto layer = make_layer(dev, spec, w);
+    auto layer = f.plan.make(dev, spec, w);
     auto t1 = std::chrono::steady_clock::now();
     layer->forward_host(x16.data(), y16.data(), M, act);
     fwd_ms = ms_since(t1);
@@ -278,7 +281,9 @@ int run_run(const RunFlags& f) {
   write_hidden_states(f.output, out);
   std::printf("run: %s layer %lld (%s), %lld tokens x %lld, %s activations on %s: load %.1f ms, forward %.2f ms -> %s\n",
               arch_name(c.arch), static_cast<long long>(f.layer), layer_kind_name(c.layer_kind(f.layer)), static_cast<long long>(M),
-              static_cast<long long>(H), dtype_name(act), device_name(dev), load_ms, fwd_ms, f.output.c_str());
+              static_cast<long long>(H), dtype_name(act),
+              (device_name(dev) + (plan.world() > 1 ? ", sharded " + plan.describe() + " (one thread per rank)" : "")).c_str(),
+              load_ms, fwd_ms, f.output.c_str());
   if (!f.check) return 0;
   if (M == 0) {
     std::printf("check: no tokens, nothing to compare: PASSED\n");
@@ -343,6 +348,7 @@ const CommandRegistrar kRegistrar([](CLI::App& root) {
     sub->add_option("--output", f->output, "safetensors file to write hidden_states to (same shape and dtype)")->required();
     sub->add_option("--device", f->device, "cpu or cuda (default: cuda when a GPU is present, else cpu)");
     sub->add_flag("--check", f->check, "compare with the float64 reference; fail if out of tolerance");
+    f->plan.add_to(*sub);
     sub->callback([f] { run_run(*f); });
   }
 });

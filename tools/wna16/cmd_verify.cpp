@@ -144,8 +144,10 @@ struct Row {
   bool pass() const { return note.empty() && err <= tol; }
 };
 
-void run_verify(const CommonOptions& o) {
+void run_verify(const CommonOptions& o, const PlanFlags& pf) {
   const MoeLayerSpec spec = preset(o.model);
+  const ParallelPlan plan = pf.plan();
+  if (plan.world() > 1) check_plan(plan, spec);
   const QuantScheme scheme = o.scheme();
   const DType act = o.act_dtype();
   const Device dev = o.resolved_device();
@@ -157,10 +159,13 @@ void run_verify(const CommonOptions& o) {
   std::printf("wna16 verify: %s (%s)\n", spec.name.c_str(), describe(spec).c_str());
   std::printf("  weights %s, activations %s, device %s, seed %llu\n", scheme.describe().c_str(), dtype_name(act),
               device_name(dev), static_cast<unsigned long long>(o.seed));
+  if (plan.world() > 1)
+    std::printf("  sharded %s, simulated in this process: one thread per rank\n", plan.describe().c_str());
 
   Stage stage;
   const MoeLayerWeights w = random_layer(spec, scheme, o.seed);
   stage.report("random layer");
+  if (plan.world() > 1) check_plan(plan, spec, w);  // a bad plan is refused (exit 2), not a FAIL row
 
   // Fresh x per M, N(0, 1) rounded to the activation dtype; all M stacked into one batch for the
   // two host paths (every token's output depends on its own row only), split again for the table.
@@ -206,7 +211,7 @@ void run_verify(const CommonOptions& o) {
   std::unique_ptr<MoeBackendLayer> layer;
   std::string make_error;
   try {
-    layer = make_layer(dev, spec, w);
+    layer = pf.make(dev, spec, w);
   } catch (const Error& e) {
     make_error = e.what();
   }
@@ -254,9 +259,12 @@ const CommandRegistrar registrar([](CLI::App& root) {
       "verify",
       "check a random layer of a preset's shape on a backend against the float64 reference "
       "(and the reference against an independent float32 path); ends with PASSED or FAILED");
+  auto plan = std::make_shared<PlanFlags>();
   opts->add_to(*cmd);
-  cmd->footer("--m defaults to 1,7,33.");
-  cmd->callback([opts] { run_verify(*opts); });
+  plan->add_to(*cmd);
+  cmd->footer("--m defaults to 1,7,33. With --tp/--ep the backend row is the sharded layer, its ranks run as threads "
+              "of this process over the in-process communicator.");
+  cmd->callback([opts, plan] { run_verify(*opts, *plan); });
 });
 
 }  // namespace

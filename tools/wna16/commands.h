@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "wna16/backend.h"
+#include "wna16/parallel.h"
 #include "wna16/quant.h"
 
 namespace wna16::cli {
@@ -32,6 +33,16 @@ struct CommonOptions {
   QuantScheme scheme() const;         // throws Error naming a bad value
   Device resolved_device() const;
   DType act_dtype() const;            // throws Error naming a bad value
+};
+
+// --tp N --ep N of verify and run: the layer sharded over tp x ep ranks, simulated in this process
+// with one thread per rank (the in-process communicator).
+struct PlanFlags {
+  int tp = 1, ep = 1;
+  void add_to(CLI::App& app);
+  ParallelPlan plan() const;  // validated; throws Error naming the values
+  // make_layer, or the in-process sharded layer when the plan has more than one rank.
+  std::unique_ptr<MoeBackendLayer> make(Device d, const MoeLayerSpec& spec, const MoeLayerWeights& w) const;
 };
 
 using CommandSetup = std::function<void(CLI::App& root)>;

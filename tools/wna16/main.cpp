@@ -40,6 +40,24 @@ QuantScheme CommonOptions::scheme() const {
   return s;
 }
 
+void PlanFlags::add_to(CLI::App& app) {
+  app.add_option("--tp", tp, "tensor-parallel ranks: each expert's width split tp ways (simulated: one thread per rank)")
+      ->capture_default_str();
+  app.add_option("--ep", ep, "expert-parallel groups: the routed experts split ep ways (simulated: one thread per rank)")
+      ->capture_default_str();
+}
+
+ParallelPlan PlanFlags::plan() const {
+  const ParallelPlan p{tp, ep};
+  p.validate();
+  return p;
+}
+
+std::unique_ptr<MoeBackendLayer> PlanFlags::make(Device d, const MoeLayerSpec& spec, const MoeLayerWeights& w) const {
+  const ParallelPlan p = plan();
+  return p.world() == 1 ? make_layer(d, spec, w) : make_in_process_sharded_layer(d, p, spec, w);
+}
+
 Device CommonOptions::resolved_device() const { return device.empty() ? default_device() : parse_device(device); }
 
 DType CommonOptions::act_dtype() const {

@@ -11,6 +11,7 @@
 #include "cpu/cpu_layer.h"
 #include "cpu/isa.h"
 #include "cpu_test_util.h"
+#include "test_util.h"
 #include "wna16/error.h"
 
 namespace wna16 {
@@ -116,12 +117,8 @@ TEST(RoutedForward, RefusesBadRoutingNamingTheValue) {
   auto layer = make_cpu_layer(spec, w);
   std::vector<uint16_t> x(size_t(2 * spec.hidden), 0), out(x.size());
   auto message = [&](std::vector<int32_t> ids, std::vector<float> wts, int k) {
-    try {
-      layer->forward_routed_host(x.data(), ids.data(), wts.data(), k, out.data(), 2, DType::BF16);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return test::error_of(
+        [&] { layer->forward_routed_host(x.data(), ids.data(), wts.data(), k, out.data(), 2, DType::BF16); });
   };
   EXPECT_NE(message({0, 1, 2, 6}, {1, 1, 1, 1}, 2).find("topk_ids[1, 1]=6 is outside [0, 6)"), std::string::npos);
   EXPECT_NE(message({0, -1, 2, 3}, {1, 1, 1, 1}, 2).find("topk_ids[0, 1]=-1"), std::string::npos);

@@ -156,10 +156,11 @@ struct CudaMoeLayer::Impl {
       ws.pre_count = take(pre_count_ints(M, S, g1.NT) * 4);
     }
     ws.zero_end = off;
-    // The k-permuted copy of x for the prefill kernel (config m144w, the largest m-blocks, only);
-    // with the act-order gather, x's rows per slot instead (k-permuted for m144w).
+    // The wgmma configs' x: k-permuted rows in m-block order (launch_kperm_positions); with the
+    // act-order gather, x's rows per slot instead (k-permuted for the wgmma configs).
     ws.xgather = gathers ? take(slots * H * 2) : off;
-    ws.xperm = !gathers && gemm_config_takes_kperm(config) ? take(M * H * 2) : off;
+    ws.xperm = gathers || !gemm_config_takes_kperm(config) ? off
+               : take((gemm_config_x_positions(config) ? ws.max_padded : M) * H * 2);
     ws.total = off;
     return ws;
   }
@@ -665,16 +666,24 @@ void CudaMoeLayer::Impl::run_gemms(const void* x, void* out, int64_t M, DType ac
     r.route_topk = int(d.k);
     r.route_renormalize = d.spec.routing.renormalize;
   }
-  // Prefill (kperm): x and the intermediate travel k-permuted, so the kernel copies token rows
-  // with one 16-byte copy instead of four 4-byte ones; the price is one more pass over x
-  // (launch_kperm_rows, or the act-order gather).
+  // The wgmma configs (kperm): x and the intermediate travel k-permuted; with x_positions x in
+  // m-block order (launch_kperm_positions: one pass writing each slot's row), so that every
+  // chunk's token tile is one tensor copy; else token rows (or, with the act-order gather, slot
+  // rows) by 16-byte copies from every thread.
   const DeviceGemm& gemm1 = plan.gather ? d.g1_gathered : d.g1;
   if (plan.gather) {  // route_and_align gathered the shared slices' rows already where shared_rows_first
     r.x = d.gather_x(x, M, ws, L, plan.kperm, st, plan.shared_rows_first ? d.k : -1);
     stage_done("act-order gather", st);
     r.x_per_slot = true;
+  } else if (plan.x_positions) {
+    launch_kperm_positions(x, d.H, r.sorted_ids, r.num_tokens_post_padded, r.num_slots, int(d.k2), L.max_padded,
+                           ws + L.xperm, st);
+    stage_done("k-permuted x in m-block order", st);
+    r.x = ws + L.xperm;
+    r.x_by_position = true;
+    r.x_rows = L.max_padded;
   } else if (plan.kperm) {
-    launch_kperm_rows(x, ws + L.xperm, M, d.H, st);
+    launch_kperm_positions(x, d.H, nullptr, nullptr, M, 1, M, ws + L.xperm, st);  // rows as they are
     stage_done("k-permuted x", st);
     r.x = ws + L.xperm;
   }
@@ -705,6 +714,7 @@ void CudaMoeLayer::Impl::run_gemms(const void* x, void* out, int64_t M, DType ac
   r.pre_scratch = nullptr;
   r.pre_count = nullptr;
   r.out_kperm = false;  // GEMM2 writes the fp32 accumulator; its input (the intermediate) is k-permuted with kperm
+  r.x_by_position = false;  // GEMM2's input is in m-block order by construction
   d.set_gemm2(r, c.acc, c.w2, ws, L);
   r.splits = plan.gemm2_splits;
   r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail

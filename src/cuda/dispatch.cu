@@ -26,6 +26,7 @@ struct ConfigRow {
   int block_m, block_n;
   bool gathers;              // has the act-order gather of its own (DeviceGemm::perm)
   bool kperm;                // takes k-permuted activations
+  bool x_positions;          // GEMM1's x in m-block order (LayerPlan::x_positions)
   double max_plain, max_gather;
 };
 constexpr double kAny = 1e300, kNever = -1.0;
@@ -37,21 +38,24 @@ constexpr ConfigRow kConfigs[] = {
     // faster (DeepSeek-V3 M=1024 7819 / 5650, Mixtral M=128 931 / 779, Qwen3 M=512 402 / 350,
     // Qwen1.5 M=512 626 / 469). With its own act-order gather (the staged kernels' perm path) up
     // to 8 (one m-block per expert).
-    {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, 20.0, 8.0},
+    {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, false, 20.0, 8.0},
     // Staged kernel, 32-token blocks: act-order layers that keep their own gather, 9-40 per expert.
-    {"m32", gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N, true, false, kNever, 40.0},
+    {"m32", gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N, true, false, false, kNever, 40.0},
     // Staged kernel, 64-token blocks: act-order with its own gather above 40 per expert.
-    {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, kNever, kAny},
+    {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, false, kNever, kAny},
     // The wgmma kernel with 64-token blocks, two per SM: 21-64 per expert. Against the staged m64
     // and m144w (2026-12-02, 14fd75e, us m64 / m64w / m144w): DeepSeek-V3 M=1024 (32 per expert)
     // 5651 / 5064 / 6998, Mixtral M=128 (32) 772 / 766 / 903, Qwen3-30B-A3B M=512 (32) 348 / 326 /
     // 449, DeepSeek-V2-Lite M=256 (24) 334 / 329 / 439 and M=512 (48) 430 / 381 / 490; at 64 per
     // expert Qwen3 M=1024 535 / 486 / 531, Mixtral M=256 1119 / 1045 / 1040. No act-order gather.
-    {"m64w", gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, 64.0, kNever},
+    // GEMM1's x in m-block order (the barrier-free k-loop in both GEMMs, CfgM64W::BARRIER_FREE):
+    // DeepSeek-V3 M=1024 5040 -> 4594 us, Mixtral M=128 758 -> 638, M=256 1040 -> 939 (2026-12-02,
+    // f3253ca + the change, H200, two rounds).
+    {"m64w", gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 64.0, kNever},
     // The wgmma kernel with 144-token blocks (one per SM) above 64 per expert: Qwen1.5-MoE M=1024
     // (68) 671 / 647 us (m64w / m144w), DeepSeek-V2-Lite M=1024 (96) 670 / 585, Mixtral M=512 (128)
     // 1698 / 1258 (2026-12-02, 14fd75e). No act-order gather.
-    {"m144w", gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, kAny, kNever},
+    {"m144w", gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever},
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 static_assert(kConfigs[0].block_m < kConfigs[1].block_m && kConfigs[1].block_m < kConfigs[2].block_m &&
@@ -74,6 +78,7 @@ int gemm_config_block_m(int config) { return row(config).block_m; }
 int gemm_config_block_n(int config) { return row(config).block_n; }
 bool gemm_config_takes_kperm(int config) { return row(config).kperm; }
 bool gemm_config_gathers(int config) { return row(config).gathers; }
+bool gemm_config_x_positions(int config) { return row(config).x_positions; }
 const char* gemm_config_name(int config) { return kConfigs[std::clamp(config, 0, kNumConfigs - 1)].name; }
 
 int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather) {
@@ -141,6 +146,7 @@ LayerPlan plan_layer_call(const LayerShape& s, int64_t M, DType act) {
   p.pre_wait = s.S > 0 && decode && ((!g1.perm && !g1.perm_up) || p.shared_rows_first);
   // Prefill: k-permuted x and intermediate, one 16-byte copy per token row instead of four.
   p.kperm = gemm_config_takes_kperm(p.config);
+  p.x_positions = p.kperm && !p.gather && gemm_config_x_positions(p.config);
   // The m-block handoff between the decode GEMMs where GEMM1's items nearly fill the resident
   // blocks (mb_handoff_pays).
   const bool g1_perm = !p.gather && (g1.perm || g1.perm_up);

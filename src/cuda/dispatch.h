@@ -20,6 +20,8 @@ int gemm_config_block_m(int config);
 int gemm_config_block_n(int config);
 // Whether the config's kernel takes k-permuted activations (GemmRun::x_kperm / out_kperm): m144w.
 bool gemm_config_takes_kperm(int config);
+// Whether GEMM1 on the config reads x k-permuted in m-block order (GemmRun::x_by_position): m64w.
+bool gemm_config_x_positions(int config);
 // Whether the config's kernel can gather x through a perm (GemmRun / DeviceGemm::perm).
 bool gemm_config_gathers(int config);
 const char* gemm_config_name(int config);
@@ -67,6 +69,9 @@ struct LayerPlan {
   bool pre_parts = false;
   // Prefill: x and the intermediate travel k-permuted (GemmRun::x_kperm / out_kperm).
   bool kperm = false;
+  // GEMM1's x k-permuted in m-block order (launch_kperm_positions, GemmRun::x_by_position): both
+  // GEMMs' token tiles by tensor copies (no act-order gather).
+  bool x_positions = false;
   // Both GEMMs on the decode kernel: GEMM2 starts on each m-block once GEMM1 has stored it
   // (GemmRun::mb_done). Needs the align bound on m-blocks: see plan_layer_call.
   bool handoff = false;

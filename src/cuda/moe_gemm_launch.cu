@@ -83,6 +83,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     throw Error("route_logits: the decode kernel routes a token itself for int4 weights in groups of 128 only (bits " +
                 std::to_string(w.bits) + ", group length " + std::to_string(w.group_len) + ", K=" + std::to_string(w.K) +
                 ")");
+  if (r.x_by_position && (r.epilogue != GemmEpilogue::SiluMul || !r.x_kperm || r.x_per_slot || w.perm || w.perm_up))
+    throw Error("x_by_position (x in m-block order) is for GEMM1 (SiluMul) with x_kperm, without x_per_slot or a perm");
   if (r.x_per_slot && (r.epilogue != GemmEpilogue::SiluMul || w.perm || w.perm_up))
     throw Error("x_per_slot (x already gathered per slot) is for GEMM1 (SiluMul) without a perm of its own");
   if (r.epilogue == GemmEpilogue::SiluMul && (w.N % 32 != 0))
@@ -95,8 +97,9 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   if (!w.qweight || !w.scales || !r.x || !r.out || !r.sorted_ids || !r.expert_ids ||
       (r.mb_count < 0 && !r.num_tokens_post_padded) || (r.epilogue == GemmEpilogue::WeightedSum && !r.topk_weights))
     throw Error("launch_moe_gemm: a required device pointer is null");
-  {
-    // The staged and prefill kernels index x with 32-bit element offsets.
+  if (!r.x_by_position) {
+    // The staged and prefill kernels index x with 32-bit element offsets (x_by_position: tensor
+    // copies, by row coordinates).
     const int64_t x_rows = r.epilogue != GemmEpilogue::SiluMul ? r.max_blocks * gemm_config_block_m(r.config)
                            : r.x_per_slot                       ? r.num_slots
                                                                 : r.num_slots / std::max(1, r.topk);
@@ -104,8 +107,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
       throw Error("x of " + std::to_string(x_rows) + " rows x " + std::to_string(r.x_stride) +
                   " elements is above the kernels' 2^31 element index range");
   }
-  if (r.x_rows < 0 || (r.x_rows > 0 && r.epilogue == GemmEpilogue::WeightedSum &&
-                        r.x_rows < max_padded_slots(r.num_slots, w.E, gemm_config_block_m(r.config))))
+  const bool x_rows_bound = (r.x_rows > 0 && r.epilogue == GemmEpilogue::WeightedSum) || r.x_by_position;
+  if (r.x_rows < 0 || (x_rows_bound && r.x_rows < max_padded_slots(r.num_slots, w.E, gemm_config_block_m(r.config))))
     throw Error("x_rows=" + std::to_string(r.x_rows) + " is below the align step's bound on the padded rows (" +
                 std::to_string(max_padded_slots(r.num_slots, w.E, gemm_config_block_m(r.config))) + ")");
   if (w.E * w.G * w.NT * 8 >= (int64_t(1) << 31))
@@ -145,7 +148,8 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.epilogue = r.epilogue == GemmEpilogue::SiluMul ? 0 : 1;
   kp.x_kperm = r.x_kperm ? 1 : 0;
   kp.out_kperm = r.out_kperm ? 1 : 0;
-  kp.x_rows = r.epilogue == GemmEpilogue::WeightedSum ? r.x_rows : 0;  // 0: extent unknown
+  kp.x_rows = r.epilogue == GemmEpilogue::WeightedSum || r.x_by_position ? r.x_rows : 0;  // 0: extent unknown
+  kp.x_pos = r.x_by_position ? 1 : 0;
   kp.mb_done = r.mb_done;
   kp.mb_done_target = r.mb_done_target;
   kp.mb_done_pps = r.mb_done ? handoff_pairs_per_slot(r.epilogue == GemmEpilogue::SiluMul ? w.NT / 2 : r.mb_done_target) : 1;

@@ -443,12 +443,20 @@ __global__ void __launch_bounds__(kGatherThreads)
   if (!ids) asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
-// One thread per (row, 64-element chunk). kVec: 16-byte loads and stores of the chunk's 32 pairs
-// (word 8w + u goes to word 4u + w); else element by element (x with only 2-byte alignment).
+// One thread per (position, 64-element chunk), positions in order. kVec: 16-byte loads and stores
+// of the chunk's 32 pairs (word 8w + u goes to word 4u + w); else element by element (x with only
+// 2-byte alignment).
 template <bool kVec>
-__global__ void kperm_rows_kernel(const uint16_t* __restrict__ x, uint16_t* __restrict__ y, int64_t n_chunks) {
+__global__ void kperm_positions_kernel(const uint16_t* __restrict__ x, int64_t H, const int32_t* __restrict__ sorted,
+                                       const int32_t* __restrict__ ntpp, int num_slots, int x_div, int64_t rows,
+                                       uint16_t* __restrict__ y) {
+  const int64_t cpr = H / 64;
+  const int64_t n_chunks = (sorted ? min(rows, int64_t(__ldg(ntpp))) : rows) * cpr;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_chunks; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint16_t* src = x + i * 64;
+    const int64_t pos = i / cpr, c = i - pos * cpr;
+    const int slot = sorted ? __ldg(sorted + pos) : int(pos);
+    if (slot < 0 || slot >= num_slots) continue;  // a padding position
+    const uint16_t* src = x + int64_t(slot / x_div) * H + c * 64;
     uint16_t* dst = y + i * 64;
     if constexpr (kVec) {
       uint32_t a[32], b[32];
@@ -814,19 +822,24 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
   WNA16_CUDA_CHECK_LAUNCH();
 }
 
-void launch_kperm_rows(const void* x, void* y, int64_t M, int64_t H, Stream stream) {
-  if (H % 64 != 0) throw Error("kperm: H=" + std::to_string(H) + " is not a multiple of 64");
+void launch_kperm_positions(const void* x, int64_t H, const int32_t* sorted_ids, const int32_t* ntpp,
+                            int64_t num_slots, int x_div, int64_t rows, void* y, Stream stream) {
+  if (H <= 0 || H % 64 != 0) throw Error("kperm: H=" + std::to_string(H) + " is not a positive multiple of 64");
   if (reinterpret_cast<uintptr_t>(y) % 16 != 0) throw Error("kperm: the output is not 16-byte aligned");
-  if (M <= 0) return;
-  const int64_t n_chunks = M * (H / 64);
+  if (num_slots < 0 || num_slots >= (int64_t(1) << 31) || x_div < 1 || rows < 0)
+    throw Error("kperm: num_slots=" + std::to_string(num_slots) + ", x_div=" + std::to_string(x_div) + " or rows=" +
+                std::to_string(rows) + " is out of range");
+  if (rows == 0 || num_slots == 0) return;
+  if (!x || !y || (sorted_ids && !ntpp)) throw Error("kperm: a required device pointer is null");
   const int threads = 256;
   auto s = static_cast<cudaStream_t>(stream);
   const auto* xs = static_cast<const uint16_t*>(x);
   auto* ys = static_cast<uint16_t*>(y);
+  const int grid = grid_for(rows * (H / 64), threads);
   if (reinterpret_cast<uintptr_t>(x) % 16 == 0)
-    kperm_rows_kernel<true><<<grid_for(n_chunks, threads), threads, 0, s>>>(xs, ys, n_chunks);
+    kperm_positions_kernel<true><<<grid, threads, 0, s>>>(xs, H, sorted_ids, ntpp, int(num_slots), x_div, rows, ys);
   else
-    kperm_rows_kernel<false><<<grid_for(n_chunks, threads), threads, 0, s>>>(xs, ys, n_chunks);
+    kperm_positions_kernel<false><<<grid, threads, 0, s>>>(xs, H, sorted_ids, ntpp, int(num_slots), x_div, rows, ys);
   WNA16_CUDA_CHECK_LAUNCH();
 }
 

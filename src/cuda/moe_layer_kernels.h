@@ -56,7 +56,13 @@ void launch_given_slots(const void* x, DType act, int64_t M, int64_t H, const in
 // y = x with each row's K axis k-permuted for the prefill kernel (kperm_pos in moe_gemm.h: inside
 // each 64-element chunk the 32 element pairs as an 8 x 4 transpose). x, y: act [M, H], H a multiple
 // of 64, y 16-byte aligned; x may have any 2-byte alignment (16-byte aligned x takes 16-byte loads).
-void launch_kperm_rows(const void* x, void* y, int64_t M, int64_t H, Stream stream);
+// GEMM1's x for the wgmma kernel's tensor copies (GemmRun::x_by_position): y[p] = x[sorted_ids[p] /
+// x_div] k-permuted, for the positions p < min(*ntpp, rows) of the align output whose slot is in
+// [0, num_slots); padding positions are not written (they feed discarded token columns). x: [*, H]
+// (2-byte elements, any alignment; 16-byte aligned x and H take 16-byte loads); y: [rows, H],
+// 16-byte aligned. sorted_ids and ntpp are read on the device (a plain launch after the align).
+void launch_kperm_positions(const void* x, int64_t H, const int32_t* sorted_ids, const int32_t* ntpp,
+                            int64_t num_slots, int x_div, int64_t rows, void* y, Stream stream);
 
 // Act-order (GPTQ desc_act) activations, gathered once per call: out[s, j] = x[s / k2, perm[ids[s], j]]
 // for the M * k2 slots s, so that GEMM1 reads each slot's row in its expert's k order as plain rows

@@ -67,6 +67,13 @@ struct CfgM144W {
   static constexpr int NTB = 16;       // 16-row weight tiles per block
   static constexpr int BLOCK_N = NTB * 16;
   static constexpr int stages(int bits) { return bits == 4 ? 6 : 5; }  // chunks in the ring
+  // The wgmma width follows the m-block's tokens (16-column steps; 65-144 tokens vary widely).
+  static constexpr bool FULL_WIDTH = false;
+  // A block barrier per chunk, one thread issuing the copies, scales converted every chunk, GEMM1's
+  // x in token rows: m64w's way (BARRIER_FREE, x in m-block order) measured 3-10% slower on
+  // m144w's rows of Qwen3-30B-A3B, DeepSeek-V2-Lite and Qwen1.5-MoE at 1024-4096 tokens and +3% at
+  // DeepSeek-V3 M=4096, 2-3% faster on Mixtral's (2026-12-02, H200).
+  static constexpr bool BARRIER_FREE = false;
 };
 struct CfgM64W {
   static constexpr const char* NAME = "m64w";
@@ -78,6 +85,14 @@ struct CfgM64W {
   static constexpr int BLOCK_N = NTB * 16;
   // Two blocks of 5 int4 stages (20 KB each) share an SM's 228 KB; int8 stages (28 KB) fit one.
   static constexpr int stages(int bits) { return bits == 4 ? 5 : 6; }
+  // Always 64 token columns: no width branch per k-step (ptxas serialised the wgmmas of per-width
+  // k-loops, and the branch with its descriptor moves was ~45 of ~400 instructions per chunk),
+  // spills 84/292 -> 8/8 bytes; the padding columns cost tensor time the issue-bound loop spares.
+  static constexpr bool FULL_WIDTH = true;
+  // With the token tiles by tensor copies (GemmRun::x_by_position / GEMM2's intermediate): the
+  // k-loop without block barriers (s_full / s_empty mbarriers per stage), the copies issued by the
+  // four warps of one warpgroup, scales converted once per group (sm90_wna16_moe_prefill.cuh).
+  static constexpr bool BARRIER_FREE = true;
 };
 
 // ---- PTX helpers ----------------------------------------------------------------------------------
@@ -324,7 +339,8 @@ struct KParams {
   int decode_ppw;        // decode kernel only: tile pairs per warp (1; 2: the int4 4-tile variant)
   int x_kperm;           // prefill kernel only: x k-permuted (kperm_pos): 16-byte token copies
   int out_kperm;         // prefill kernel only, GEMM1: output written k-permuted
-  int64_t x_rows;        // prefill kernel, GEMM2: rows of x allocated (GemmRun::x_rows); 0: unknown
+  int64_t x_rows;        // prefill kernel, GEMM2 or x_pos: rows of x allocated (GemmRun::x_rows); 0: unknown
+  int x_pos;             // SiluMul: x row = m-block position, not token (GemmRun::x_by_position)
   int32_t* mb_done;      // decode kernel only, null: none. [m-block][kHandoffSlots]: GEMM1 adds the
                          // tile pairs it stored to slot pair / mb_done_pps of their m-block;
   int mb_done_target;    // GEMM2: GEMM1's tile pairs (all slots); waits for the slots its k-chunks read
@@ -385,7 +401,7 @@ __device__ __forceinline__ int fill_row_tables(const KParams& p, int mb, int tid
     const int slot = __ldg(p.sorted_ids + int64_t(mb) * BM + tid);
     is_valid = slot >= 0 && slot < p.num_slots;
     s_slot[tid] = is_valid ? slot : -1;
-    s_src[tid] = !is_valid ? -1 : (p.epilogue == 0 ? slot / p.x_div : mb * BM + tid);
+    s_src[tid] = !is_valid ? -1 : (p.epilogue == 0 && !p.x_pos ? slot / p.x_div : mb * BM + tid);
     if (p.epilogue != 0) {
       s_orow[tid] = is_valid ? slot / p.topk : -1;
       s_wt[tid] = is_valid ? __ldg(p.topk_weights + slot) : 0.f;

@@ -12,7 +12,8 @@
 // lane exactly as the staged kernel's mma.sync A fragments (TileMeta / dequant: the wgmma A fragment
 // of warp q is the mma.m16n8k16 A fragment of rows 16q..16q+15); B = the block's tokens (K-major,
 // from shared memory). N = the valid tokens of the m-block rounded up to 16 (valid tokens are a
-// prefix of the m-block), so a block with few tokens does little padding work. fp32 accumulators:
+// prefix of the m-block), so a block with few tokens does little padding work; m64w always runs
+// N = 64 (CfgM64W::FULL_WIDTH). fp32 accumulators:
 // [2 tiles][N/2 <= 72] per thread.
 // Why 144 tokens, not 128: every m-block dequantises its expert's weights again, and that work,
 // not the MMAs, bounds the kernel. Routed experts at prefill get n ~ Binomial(M, topk / E) tokens;
@@ -21,7 +22,7 @@
 // 144 is as far as the registers go: 2 x 72 accumulators per thread.
 //
 // Shared-memory ring (STAGES deep, each stage one 64-k chunk; the tokens by cp.async from all
-// threads, the weights and scales by bulk copies that thread 0 issues on the stage's mbarrier):
+// threads, the weights and scales by bulk copies that one thread issues on the stage's mbarrier):
 //   x:       144 token rows x 128 bytes, 128-byte swizzled (16-byte unit c of row r at c ^ (r & 7)),
 //            1024-byte aligned: the wgmma B operand. The packed weights permute k inside a chunk
 //            (moe_gemm.h: lane tig's A registers of k-step j hold real k 16*tig + 4j + {0,1} and
@@ -116,6 +117,9 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -175,8 +179,9 @@ __device__ __forceinline__ void prefill_mma_step_n(int nsel, float (&acc)[2][ACC
   }
 }
 
-// x_map (x_tma != 0: GEMM2 with the k-permuted intermediate): the token tile by the copy engine,
-// one tensor copy per chunk from thread 0 on the stage's mbarrier; else per-thread cp.async.
+// x_map (x_tma != 0: k-permuted x with one row per m-block position: GEMM2's intermediate, or
+// GEMM1's x gathered by launch_kperm_positions): the token tile by the copy engine,
+// one tensor copy per chunk from one thread on the stage's mbarrier; else per-thread cp.async.
 // NOTE: per-row tensor copies (144 per chunk) were tried for GEMM1's gathered rows: 3x slower.
 template <class C, class T, int BITS>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
@@ -192,7 +197,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   __shared__ int s_slot[BM];  // slot (token * topk + choice) of each column; -1: padding
   __shared__ int s_orow[BM];  // weighted sum: output row (token) of each column
   __shared__ float s_wt[BM];  // weighted sum: routing weight of each column
-  __shared__ __align__(8) uint64_t s_full[STAGES];  // stage s's weights and scales have landed
+  __shared__ __align__(8) uint64_t s_full[STAGES];   // stage s's weights and scales have landed
+  __shared__ __align__(8) uint64_t s_empty[STAGES];  // free_run: every warp is done reading stage s
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t smem_base = smem_addr(smem);
 
@@ -207,13 +213,25 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   // same row & 7, so the swizzled unit of its pairs (lane & 7) + 8c is the same in every row.
   const int xr0 = 4 * warp + (lane >> 3), xp8 = lane & 7;
   const uint32_t xsoff = uint32_t(xr0 * 128 + ((xp8 ^ (xr0 & 7)) << 4));
-  const uint32_t full0 = smem_addr(&s_full[0]);
+  const uint32_t full0 = smem_addr(&s_full[0]), empty0 = smem_addr(&s_empty[0]);
+  constexpr int kWarps = C::THREADS / 32;
+  // The k-loop without block barriers (C::BARRIER_FREE, with the token tiles by tensor copies).
+  const bool free_run = C::BARRIER_FREE && x_tma;
   if (tid == 0) {
-    for (int st = 0; st < STAGES; ++st) mbar_init(full0 + 8 * st, 1);
+    // Threads that arrive on a stage's s_full per fill: free_run: weights, token tile, scales and
+    // zeros each from their own warp; else one thread issues every copy.
+    const int issuers = free_run ? 3 + (p.zeros ? 1 : 0) : 1;
+    for (int st = 0; st < STAGES; ++st) {
+      mbar_init(full0 + 8 * st, issuers);
+      mbar_init(empty0 + 8 * st, kWarps);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   uint32_t phase = 0;  // bit st: the parity of stage st's next fill (every thread tracks every stage)
+  // free_run: bit st of filled: stage st was filled before (its next fill waits for the previous
+  // one to be consumed: s_empty, parity bit st of phase ^ 1).
+  uint32_t filled = 0;
   // Scale slots: lane tig's 16 k of a chunk use the group copied to slot tig & slot_mask (groups
   // of 64 k or more, or one group: slot 0; 32: slots 0 and 2; other multiples of 16: one per tig).
   const int slot_mask = (p.G == 1 || p.group_len % 64 == 0) ? 0 : (p.group_len % 32 == 0 ? 2 : 3);
@@ -245,12 +263,12 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #pragma unroll
     for (int i = 0; i < XROWS; ++i) {
       const int r = 32 * i + xr0;  // r < nvalid <= BM: rows past the block are never copied
-      xo[i] = r < nvalid ? s_src[r] * int(p.x_stride) + (kperm ? 8 : 2) * xp8 : -1;
+      xo[i] = r < nvalid && !x_tma ? s_src[r] * int(p.x_stride) + (kperm ? 8 : 2) * xp8 : -1;
     }
     auto load_stage = [&](int kc, int st) {
       const uint32_t sx = smem_base + uint32_t(st * S::kStage) + xsoff;  // this thread's token unit
       if (x_tma) {
-        // Tokens: thread 0's tensor copy below.
+        // Tokens: the issuing thread's tensor copy below.
       } else if (kperm) {
         // Tokens, k-permuted x: one 16-byte copy per row.
 #pragma unroll
@@ -270,25 +288,50 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
         }
       }
       // Weights (for one k-chunk the block's tiles are contiguous in memory) and the scales (and
-      // zeros) of the chunk's groups (NTB * 8 contiguous words per group): bulk copies by one
-      // thread, counted on the stage's mbarrier.
-      if (tid == 0) {
-        const uint32_t bar = full0 + 8 * st, sbase = smem_base + uint32_t(st * S::kStage);
-        const uint32_t wbytes = uint32_t(ntiles * U * 32 * 16), mbytes = uint32_t(ntiles * 8 * 4);
-        const int nslots = slot_mask == 0 ? 1 : slot_mask == 2 ? 2 : 4;
-        const uint32_t xbytes = x_tma ? uint32_t(BM * 128) : 0u;
-        mbar_arrive_expect_tx(bar, xbytes + wbytes + uint32_t(nslots) * mbytes * (p.zeros ? 2u : 1u));
-        bulk_copy_g2s(sbase + S::kXBytes, wexp + int64_t(kc) * wstride, wbytes, bar);
-        if (x_tma) tma_tile_g2s(sbase, &x_map, kc * 64, mb * BM, bar);
+      // zeros) of the chunk's groups (NTB * 8 contiguous words per group): bulk copies counted on
+      // the stage's mbarrier.
+      auto copy_meta = [&](const uint32_t* src, uint32_t dst0, uint32_t bar) {
+        const uint32_t mbytes = uint32_t(ntiles * 8 * 4);
         for (int slot = 0; slot < 4; ++slot) {
           if ((slot & slot_mask) != slot) continue;
           const int k = kc * 64 + slot * 16;
           const int grp = p.G == 1 ? 0 : (p.group_shift >= 0 ? k >> p.group_shift : k / p.group_len);
-          const int off = meta_base + grp * mstride;
-          const uint32_t dst = sbase + S::kXBytes + S::kWBytes + uint32_t(slot * NTB * 8 * 4);
-          bulk_copy_g2s(dst, p.scales + off, mbytes, bar);
-          if (p.zeros) bulk_copy_g2s(dst + S::kMetaBytes, p.zeros + off, mbytes, bar);
+          bulk_copy_g2s(dst0 + uint32_t(slot * NTB * 8 * 4), src + meta_base + grp * mstride, mbytes, bar);
         }
+      };
+      const uint32_t nslots = slot_mask == 0 ? 1u : slot_mask == 2 ? 2u : 4u;
+      if (free_run) {
+        // Lane 0 of warp 0 / 1 / 2 / 3 of warpgroup kc & 1: weights / token tile / scales / zeros,
+        // once every warp has freed the stage (s_empty). Every warp of that warpgroup does one
+        // share: its wgmmas wait for the slowest (one thread issuing all took 9-16% more time at
+        // 32-64 tokens per expert, 2026-12-02, H200).
+        if (lane == 0 && wg == (kc & 1) && (wq != 3 || p.zeros)) {
+          const bool refill = (filled >> st) & 1u;
+          const uint32_t bar = full0 + 8 * st, sbase = smem_base + uint32_t(st * S::kStage);
+          if (refill) mbar_wait_parity(empty0 + 8 * st, ((phase >> st) & 1u) ^ 1u);
+          if (wq == 0) {
+            const uint32_t wbytes = uint32_t(ntiles * U * 32 * 16);
+            mbar_arrive_expect_tx(bar, wbytes);
+            bulk_copy_g2s(sbase + S::kXBytes, wexp + int64_t(kc) * wstride, wbytes, bar);
+          } else if (wq == 1) {
+            mbar_arrive_expect_tx(bar, uint32_t(BM * 128));
+            tma_tile_g2s(sbase, &x_map, kc * 64, mb * BM, bar);
+          } else {
+            mbar_arrive_expect_tx(bar, nslots * uint32_t(ntiles * 8 * 4));
+            copy_meta(wq == 2 ? p.scales : p.zeros,
+                      sbase + S::kXBytes + S::kWBytes + (wq == 3 ? uint32_t(S::kMetaBytes) : 0u), bar);
+          }
+        }
+        filled |= 1u << st;
+      } else if (tid == 0) {
+        const uint32_t bar = full0 + 8 * st, sbase = smem_base + uint32_t(st * S::kStage);
+        const uint32_t wbytes = uint32_t(ntiles * U * 32 * 16), mbytes = uint32_t(ntiles * 8 * 4);
+        const uint32_t xbytes = x_tma ? uint32_t(BM * 128) : 0u;
+        mbar_arrive_expect_tx(bar, xbytes + wbytes + nslots * mbytes * (p.zeros ? 2u : 1u));
+        bulk_copy_g2s(sbase + S::kXBytes, wexp + int64_t(kc) * wstride, wbytes, bar);
+        if (x_tma) tma_tile_g2s(sbase, &x_map, kc * 64, mb * BM, bar);
+        copy_meta(p.scales, sbase + S::kXBytes + S::kWBytes, bar);
+        if (p.zeros) copy_meta(p.zeros, sbase + S::kXBytes + S::kWBytes + S::kMetaBytes, bar);
       }
     };
 
@@ -299,6 +342,11 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
       if (s < nk) load_stage(kc0 + s, s);
       cp_async_commit();
     }
+    // free_run: every byte of a stage arrives by the copy engine (the async proxy, which wgmma
+    // reads through), so the k-loop needs no cp.async wait, proxy fence or block barrier: a chunk
+    // is waited for on s_full, and each warp frees its stage on s_empty once its wgmmas are done
+    // (the two warpgroups drift apart freely). Else a block barrier per chunk orders the tokens'
+    // cp.async copies (if any) and the stage refills.
     // NOTE: the token width is chosen per k-step by a switch whose every case holds a whole
     // fence / 2 wgmmas / commit. Tried and rejected (ptxas 13.0 serialised the wgmmas): a switch
     // around the wgmmas only (C7520, compiler-inserted arrive in a divergent path); one k-loop
@@ -309,15 +357,29 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #pragma unroll
       for (int e = 0; e < ACC; ++e) acc[i][e] = 0.0f;
     uint32_t a[2][2][4];  // [k-step buffer][tile][register]
+    // The dequantisation constants of the current group, kept across its chunks (slot_mask 0:
+    // groups of whole chunks, cpg of them, or one group).
+    TileMeta<T, BITS> meta[2];
+    const int cpg = p.G == 1 ? (1 << 30) : max(1, p.group_len / 64);
+    int gpos = p.G == 1 ? 1 : kc0 % cpg;  // chunk kt's position in its group (0: a group starts)
     int st = 0, st_load = PF;  // stage of chunk kt, stage of chunk kt + PF
+    int st_prev = 0;           // stage of chunk kt - 1
     for (int kt = 0; kt < nk; ++kt) {
-      cp_async_wait<PF - 1>();
-      fence_proxy_async_smem();  // this thread's cp.async data -> visible to the async proxy (wgmma)
-      __syncthreads();           // ... and to every warpgroup; all are past chunk kt-2's wgmmas
+      if (!free_run) {
+        cp_async_wait<PF - 1>();
+        fence_proxy_async_smem();  // this thread's cp.async data -> visible to the async proxy (wgmma)
+        __syncthreads();           // ... and to every warpgroup; all are past chunk kt-2's wgmmas
+      }
       if (kt + PF < nk) load_stage(kc0 + kt + PF, st_load);
-      cp_async_commit();
+      if (!free_run) cp_async_commit();
       const uint32_t parity = (phase >> st) & 1u;
       phase ^= 1u << st;
+      if (free_run && !wg_active) {
+        // Reads nothing, but frees the stage only after it was filled (an early arrival would
+        // count toward the stage's previous fill).
+        mbar_wait_parity(full0 + 8 * st, parity);
+        if (lane == 0) mbar_arrive(empty0 + 8 * st);
+      }
       if (wg_active) {
         mbar_wait_parity(full0 + 8 * st, parity);  // the chunk's weights and scales
         const unsigned char* sb = smem + st * S::kStage;
@@ -325,7 +387,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
         const uint32_t* ss = reinterpret_cast<const uint32_t*>(sb + S::kXBytes + S::kWBytes);
         const uint32_t* sz = ss + NTB * 32;
         uint32_t wv[2][4 * U];
-        TileMeta<T, BITS> meta[2];
+        // C::BARRIER_FREE: scales and zeros converted only where a new group starts (~25
+        // instructions); m144w converts them every chunk (once per group measured 3.6-4.7% slower
+        // there, docs/perf.md).
+        const bool need_meta = !C::BARRIER_FREE || kt == 0 || slot_mask != 0 || gpos == 0;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int ntl = wg * 8 + 2 * wq + i;
@@ -335,7 +400,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
             put_words(&wv[i][4 * u], v);
           }
           const int mi = (tig & slot_mask) * NTB * 8 + ntl * 8 + g;
-          meta[i].load(ss[mi], p.zeros ? sz[mi] : p.default_zero);
+          if (need_meta) meta[i].load(ss[mi], p.zeros ? sz[mi] : p.default_zero);
         }
         const uint64_t desc = sw128_desc(smem_base + uint32_t(st * S::kStage));
         // One commit group per k-step, A registers double-buffered across k-steps: before
@@ -344,16 +409,27 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           wgmma_wait<1>();
+          // From step 1 on, chunk kt-1's wgmmas are all done: its stage is free.
+          if (s == 1 && free_run && kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * st_prev);
 #pragma unroll
           for (int i = 0; i < 2; ++i) dequant<T, BITS>(wv[i], s, meta[i], a[s & 1][i]);
-          prefill_mma_step_n<BM, T>(nsel, acc, a[s & 1], desc + uint64_t(2 * s));
+          if constexpr (C::FULL_WIDTH) {
+            wgmma_fence();
+            prefill_mma_step<BM / 16, T>(acc, a[s & 1], desc + uint64_t(2 * s));
+            wgmma_commit();
+          } else {
+            prefill_mma_step_n<BM, T>(nsel, acc, a[s & 1], desc + uint64_t(2 * s));
+          }
         }
       }
+      if (++gpos == cpg) gpos = 0;
+      st_prev = st;
       st = st + 1 == STAGES ? 0 : st + 1;
       st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
     }
     wgmma_wait<0>();
-    cp_async_wait<0>();
+    if (free_run && wg_active && lane == 0) mbar_arrive(empty0 + 8 * st_prev);  // the last chunk's stage
+    if (!free_run) cp_async_wait<0>();
     if (!wg_active) continue;
 
     // ---- epilogue: accumulator e = 4t + r holds weight row g + 8*(r >> 1) of the warp's tile and
@@ -469,10 +545,10 @@ void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t strea
     throw Error(std::string("tile config ") + C::NAME + ": scales/zeros not 16-byte aligned per group (meta_stride=" +
                 std::to_string(kp.meta_stride) + ", NT=" + std::to_string(kp.NT) + ")");
   const int bps = prepare_prefill<C, T, BITS>();
-  // GEMM2 over the k-permuted intermediate of known extent: the token tile by one tensor copy per
-  // chunk.
+  // x k-permuted in m-block order (GEMM2's intermediate, GEMM1's positioned x) of known extent:
+  // the token tile by one tensor copy per chunk.
   CUtensorMap x_map{};
-  const int x_tma = kp.epilogue == 1 && kp.x_kperm && kp.x_rows > 0 ? 1 : 0;
+  const int x_tma = (kp.epilogue == 1 || kp.x_pos) && kp.x_kperm && kp.x_rows > 0 ? 1 : 0;
   if (x_tma) encode_x_tile_map(&x_map, kp.x, kp.K, kp.x_rows, kp.x_stride, C::BLOCK_M);
   const int64_t nb_count = (kp.NT + C::NTB - 1) / C::NTB;
   const int64_t upper = upper_mblocks * nb_count * kp.splits;

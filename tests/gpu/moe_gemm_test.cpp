@@ -3,6 +3,7 @@
 // int4 / int8, f16 / bf16, with and without zero points, several group lengths, odd token counts,
 // experts with no tokens, and outputs poisoned with NaN.
 #include "gpu/gpu_test_util.h"
+#include "test_util.h"
 
 #ifdef WNA16_HAVE_CUDA
 #include <algorithm>
@@ -94,7 +95,9 @@ struct GemmCase {
   bool diag = false;  // print the first mismatching (position, column) entries and a histogram
   bool tiles4 = false;  // decode kernel: the 4-tile variant (two tile pairs per warp; int4 only)
   bool kperm = false;   // m144w: x and the intermediate k-permuted (GemmRun::x_kperm / out_kperm)
-  bool x_extent = false;  // GEMM2: pass the intermediate's rows (GemmRun::x_rows: m144w tensor copies)
+  // With kperm: GEMM1's x in m-block order and GEMM2's intermediate extent (GemmRun::x_by_position,
+  // x_rows: tensor copies of the token tiles in both GEMMs).
+  bool x_extent = false;
   bool handoff = false;  // decode kernel: the m-block handoff counters (GemmRun::mb_done, item_claim)
   // Decode GEMM1: S shared slices (kernel experts 0..S-1, every token's last S choices) run ahead
   // of the wait for the align step (GemmRun::pre_wait_slices), which runs on the GPU right before.
@@ -301,7 +304,24 @@ void run_gemm_case(const GemmCase& c) {
     }
     ASSERT_EQ(d_sorted.get<int32_t>(al.sorted_token_ids.size()), al.sorted_token_ids) << "GPU align";
   } else {
+    // k-permuted with extents: GEMM1's x too in m-block order (launch_kperm_positions from the
+    // natural rows; padding rows NaN-poisoned: they feed token columns that must be discarded),
+    // so both GEMMs run the k-loop of tensor copies without block barriers.
+    const bool pos = c.kperm && c.x_extent;
+    DeviceArray d_xnat(pos ? x.size() * 2 : 16), d_xpos(pos ? size_t(max_padded * H * 2) : 16);
+    if (pos) {
+      d_xnat.put(x);
+      CUDA_OK(cudaMemset(d_xpos.p, 0xFF, size_t(max_padded * H * 2)));
+      launch_kperm_positions(d_xnat.p, H, r.sorted_ids, r.num_tokens_post_padded, slots, topk, max_padded, d_xpos.p,
+                             nullptr);
+      r.x = d_xpos.p;
+      r.x_by_position = true;
+      r.x_rows = max_padded;
+    }
     launch_moe_gemm(dev(g1, d_q1, d_s1, d_z1), r, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());  // before d_xpos goes
+    r.x_by_position = false;
+    r.x_rows = 0;
   }
   CUDA_OK(cudaDeviceSynchronize());
   if (c.handoff) {
@@ -450,7 +470,8 @@ TEST(MoeGemm, PrefillWgmmaDiagnostics) {
     };
     for (const auto& k : cases)
       for (int mode = 0; mode < 3; ++mode) {  // natural x (4-byte token copies), k-permuted x (16-byte),
-                                              // k-permuted with GEMM2's extent (one tensor copy per chunk)
+                                              // k-permuted in m-block order with extents (one tensor
+                                              // copy per chunk in both GEMMs, no block barriers)
         GemmCase c{k.bits, k.act, k.gl, k.zeros, config, k.M};
         c.diag = true;
         c.kperm = mode > 0;
@@ -621,27 +642,51 @@ TEST(MoeGemm, KpermLayoutAndRefusals) {
   EXPECT_NE(refusal(r).find("out_kperm needs the SiluMul epilogue"), std::string::npos) << refusal(r);
 }
 
-// launch_kperm_rows against kperm_pos, for a 16-byte aligned x (vector path) and a 2-byte aligned
-// one (element path), on poisoned outputs.
-TEST(MoeGemm, KpermRowsKernel) {
+// launch_kperm_positions against kperm_pos: y[p] = x[slot / x_div] k-permuted for the positions
+// below *ntpp with a valid slot; padding positions (sentinel, -1) and those past *ntpp keep their
+// poison. A 16-byte aligned x (vector path) and a 2-byte aligned one (element path).
+TEST(MoeGemm, KpermPositionsKernel) {
   WNA16_REQUIRE_GPU();
-  const int64_t M = 37, H = 448;
+  const int64_t M = 37, H = 448, x_div = 3, num_slots = M * x_div, rows = 64, ntpp = 56;
   std::vector<uint16_t> x(size_t(M * H + 8));
   std::mt19937_64 rng(3);
   for (auto& v : x) v = uint16_t(rng());
-  DeviceArray dx(x.size() * 2), dy(size_t(M * H) * 2);
-  dx.put(x);
-  for (int64_t shift : {0, 1}) {  // elements: x + 1 is 2-byte aligned only
-    CUDA_OK(cudaMemset(dy.p, 0xA5, size_t(M * H) * 2));
-    cuda::launch_kperm_rows(static_cast<const uint16_t*>(dx.p) + shift, dy.p, M, H, nullptr);
-    CUDA_OK(cudaDeviceSynchronize());
-    const std::vector<uint16_t> y = dy.get<uint16_t>(size_t(M * H));
-    int64_t bad = 0;
-    for (int64_t t = 0; t < M; ++t)
-      for (int64_t k = 0; k < H; ++k) bad += y[size_t(t * H + kperm_pos(k))] != x[size_t(t * H + k + shift)];
-    EXPECT_EQ(bad, 0) << "shift " << shift;
+  std::vector<int32_t> sorted(static_cast<size_t>(rows));
+  for (auto& v : sorted) {
+    const uint64_t u = rng() % 8;
+    v = u == 0 ? int32_t(num_slots) : u == 1 ? -1 : int32_t(rng() % uint64_t(num_slots));
   }
-  EXPECT_THROW(cuda::launch_kperm_rows(dx.p, dy.p, M, 100, nullptr), Error);
+  DeviceArray dx(x.size() * 2), dy(size_t(rows * H) * 2), ds(sorted.size() * 4), dn(4);
+  dx.put(x);
+  ds.put(sorted);
+  dn.put(std::vector<int32_t>{int32_t(ntpp)});
+  for (int64_t shift : {0, 1}) {  // elements: x + 1 is 2-byte aligned only
+    CUDA_OK(cudaMemset(dy.p, 0xA5, size_t(rows * H) * 2));
+    cuda::launch_kperm_positions(static_cast<const uint16_t*>(dx.p) + shift, H, static_cast<const int32_t*>(ds.p),
+                                 static_cast<const int32_t*>(dn.p), num_slots, int(x_div), rows, dy.p, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> y = dy.get<uint16_t>(size_t(rows * H));
+    int64_t bad = 0, written = 0;
+    for (int64_t p = 0; p < rows; ++p) {
+      const int32_t slot = sorted[size_t(p)];
+      const bool valid = p < ntpp && slot >= 0 && slot < num_slots;
+      written += valid;
+      for (int64_t k = 0; k < H; ++k) {
+        const uint16_t want = valid ? x[size_t((slot / x_div) * H + k + shift)] : uint16_t(0xA5A5);
+        bad += y[size_t(p * H + kperm_pos(k))] != want;
+      }
+    }
+    EXPECT_EQ(bad, 0) << "shift " << shift;
+    EXPECT_GT(written, 20);
+  }
+  const auto* s = static_cast<const int32_t*>(ds.p);
+  const auto* n = static_cast<const int32_t*>(dn.p);
+  EXPECT_NE(test::error_of([&] { cuda::launch_kperm_positions(dx.p, 100, s, n, num_slots, 3, rows, dy.p, nullptr); })
+                .find("H=100"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { cuda::launch_kperm_positions(dx.p, H, s, n, num_slots, 0, rows, dy.p, nullptr); })
+                .find("x_div=0"),
+            std::string::npos);
 }
 
 // The act-order gather (launch_gather_slots): out[s, j] = x[s / k2, perm[ids[s], j]], at

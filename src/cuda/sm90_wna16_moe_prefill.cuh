@@ -308,7 +308,12 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
         if (lane == 0 && wg == (kc & 1) && (wq != 3 || p.zeros)) {
           const bool refill = (filled >> st) & 1u;
           const uint32_t bar = full0 + 8 * st, sbase = smem_base + uint32_t(st * S::kStage);
-          if (refill) mbar_wait_parity(empty0 + 8 * st, ((phase >> st) & 1u) ^ 1u);
+          if (refill) {
+            mbar_wait_parity(empty0 + 8 * st, ((phase >> st) & 1u) ^ 1u);
+            // The warps' reads of the stage (weights and scales by ld.shared: the generic proxy)
+            // before this copy's writes (the async proxy).
+            fence_proxy_async_smem();
+          }
           if (wq == 0) {
             const uint32_t wbytes = uint32_t(ntiles * U * 32 * 16);
             mbar_arrive_expect_tx(bar, wbytes);

@@ -43,3 +43,20 @@ foreach(f ${WNA16_PY_FILES})
   get_filename_component(name ${f} NAME)
   file(CREATE_LINK ${f} ${WNA16_PY_DIR}/${name} SYMBOLIC)
 endforeach()
+
+# Install: the package (its .py files and _C.so) into WNA16_PYTHON_INSTALL_DIR under the prefix, by
+# default lib/pythonX.Y/site-packages of the python3 on PATH, so that
+#   cmake --install build --component python --prefix ~/.local
+# puts it on that interpreter's user site (no network, no pip). _C.so keeps the directories of
+# the Torch libraries it links (Torch's own lib directory) as its run path.
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_FOUND)
+  set(WNA16_PY_SITE "lib/python${Python3_VERSION_MAJOR}.${Python3_VERSION_MINOR}/site-packages")
+else()
+  set(WNA16_PY_SITE "lib/python3/site-packages")
+endif()
+set(WNA16_PYTHON_INSTALL_DIR "${WNA16_PY_SITE}" CACHE PATH
+    "Where `cmake --install` puts the wna16 Python package (relative: under the prefix)")
+set_target_properties(wna16_torch PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
+install(TARGETS wna16_torch LIBRARY DESTINATION ${WNA16_PYTHON_INSTALL_DIR}/wna16 COMPONENT python)
+install(FILES ${WNA16_PY_FILES} DESTINATION ${WNA16_PYTHON_INSTALL_DIR}/wna16 COMPONENT python)

@@ -1,4 +1,5 @@
-// Router logits (fp32 accumulation), shared-expert slots and the output cast.
+// Router logits (fp32 accumulation) and the shared-expert slots (the activation-movement kernels:
+// activation_kernels.cu).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -13,7 +14,6 @@
 #include <string>
 
 #include "cuda/cuda_check.h"
-#include "cuda/moe_gemm.h"  // kperm_pos
 #include "cuda/moe_layer_kernels.h"
 #include "cuda/sm90_wna16_moe_gemm.cuh"  // gemm::Act<T>::mma
 #include "wna16/error.h"
@@ -399,107 +399,6 @@ __global__ void __launch_bounds__(kTileThreads)
   cluster.sync();  // a CTA's shared memory must outlive the other CTAs' reads of it
 }
 
-// ---- act-order gather (launch_gather_slots) -------------------------------------------------------
-// Block (s, piece): kGatherPerThread elements of slot s's row per thread, all perm loads and then
-// all x loads in flight together (one chain of two round trips per block, short at one token).
-constexpr int kGatherThreads = 256;
-constexpr int kGatherPerThread = 8;
-constexpr int kGatherPiece = kGatherThreads * kGatherPerThread;  // elements of a row per block
-
-// Slots j_begin <= j < j_end of each token (block x: token and j); ids null: slot j's expert is
-// j - j_begin, and the kernel reads nothing the chain writes, so it waits for the previous kernel
-// only at its end (the chain's completion order stays intact).
-template <bool kKperm>
-__global__ void __launch_bounds__(kGatherThreads)
-    gather_slots_kernel(const uint16_t* __restrict__ x, int64_t H, const int32_t* __restrict__ ids, int k2,
-                        int j_begin, int j_end, int n_perm, const int32_t* __restrict__ perm,
-                        uint16_t* __restrict__ out) {
-  // The next kernel may get resident now; the slot ids come from the previous one.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (ids) asm volatile("griddepcontrol.wait;" ::: "memory");
-  const int nj = j_end - j_begin;
-  const int j_slot = j_begin + int(blockIdx.x % nj);
-  const int64_t s = int64_t(blockIdx.x / nj) * k2 + j_slot;
-  const int id = ids ? __ldg(ids + s) : j_slot - j_begin;
-  const int e = min(max(id, 0), n_perm - 1);  // ids are in range; a clamp costs nothing
-  const uint16_t* xr = x + (s / k2) * H;
-  const int32_t* pr = perm + int64_t(e) * H;
-  uint16_t* o = out + s * H;
-  const int64_t j0 = int64_t(blockIdx.y) * kGatherPiece + threadIdx.x;
-  int32_t src[kGatherPerThread];
-#pragma unroll
-  for (int i = 0; i < kGatherPerThread; ++i) {
-    const int64_t j = j0 + i * kGatherThreads;
-    src[i] = j < H ? __ldg(pr + j) : 0;
-  }
-  uint16_t v[kGatherPerThread];
-#pragma unroll
-  for (int i = 0; i < kGatherPerThread; ++i) v[i] = xr[min(max(src[i], 0), int(H - 1))];
-#pragma unroll
-  for (int i = 0; i < kGatherPerThread; ++i) {
-    const int64_t j = j0 + i * kGatherThreads;
-    if (j < H) o[kKperm ? kperm_pos(j) : j] = v[i];
-  }
-  if (!ids) asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-
-// One thread per (position, 64-element chunk), positions in order. kVec: 16-byte loads and stores
-// of the chunk's 32 pairs (word 8w + u goes to word 4u + w); else element by element (x with only
-// 2-byte alignment).
-template <bool kVec>
-__global__ void kperm_positions_kernel(const uint16_t* __restrict__ x, int64_t H, const int32_t* __restrict__ sorted,
-                                       const int32_t* __restrict__ ntpp, int num_slots, int x_div, int64_t rows,
-                                       uint16_t* __restrict__ y) {
-  const int64_t cpr = H / 64;
-  const int64_t n_chunks = (sorted ? min(rows, int64_t(__ldg(ntpp))) : rows) * cpr;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_chunks; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t pos = i / cpr, c = i - pos * cpr;
-    const int slot = sorted ? __ldg(sorted + pos) : int(pos);
-    if (slot < 0 || slot >= num_slots) continue;  // a padding position
-    const uint16_t* src = x + int64_t(slot / x_div) * H + c * 64;
-    uint16_t* dst = y + i * 64;
-    if constexpr (kVec) {
-      uint32_t a[32], b[32];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(src) + q);
-        a[4 * q] = v.x, a[4 * q + 1] = v.y, a[4 * q + 2] = v.z, a[4 * q + 3] = v.w;
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-#pragma unroll
-        for (int w = 0; w < 4; ++w) b[4 * u + w] = a[8 * w + u];
-#pragma unroll
-      for (int q = 0; q < 8; ++q)
-        reinterpret_cast<uint4*>(dst)[q] = make_uint4(b[4 * q], b[4 * q + 1], b[4 * q + 2], b[4 * q + 3]);
-    } else {
-      for (int k = 0; k < 64; ++k) {
-        const int rp = k >> 1;
-        dst[2 * (4 * (rp & 7) + (rp >> 3)) + (k & 1)] = src[k];
-      }
-    }
-  }
-}
-
-// A programmatic dependent of the layer's GEMM2: launched while GEMM2 still runs, it waits
-// (griddepcontrol.wait: GEMM2's completion and memory flush) before its first global access. Every
-// thread waits, so the grid completes only after GEMM2 did.
-template <class T>
-__global__ void cast_kernel(const float4* __restrict__ acc, T* __restrict__ out, int64_t n4) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
-    const float4 v = acc[i];
-    T* o = out + 4 * i;
-    if constexpr (std::is_same_v<T, __half>) {
-      reinterpret_cast<__half2*>(o)[0] = __floats2half2_rn(v.x, v.y);
-      reinterpret_cast<__half2*>(o)[1] = __floats2half2_rn(v.z, v.w);
-    } else {
-      reinterpret_cast<__nv_bfloat162*>(o)[0] = __floats2bfloat162_rn(v.x, v.y);
-      reinterpret_cast<__nv_bfloat162*>(o)[1] = __floats2bfloat162_rn(v.z, v.w);
-    }
-  }
-}
-
 // The SM count of the device current at the first call (cached).
 int sm_count() {
   static std::atomic<int> cached{0};
@@ -559,10 +458,6 @@ void allow_split_smem(const void* fn, int slot) {
   cudaThreadExchangeStreamCaptureMode(&mode);
   WNA16_CUDA_CHECK(e);
   d.store(true, std::memory_order_release);
-}
-
-int grid_for(int64_t n, int threads) {
-  return int(std::clamp<int64_t>((n + threads - 1) / threads, 1, 4096));
 }
 
 // ---- router, many tokens, many experts: tensor cores ---------------------------------------------
@@ -820,82 +715,6 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
   if (act == DType::BF16) rbf ? run(__nv_bfloat16{}, __nv_bfloat16{}) : run(__nv_bfloat16{}, float{});
   else rbf ? run(__half{}, __nv_bfloat16{}) : run(__half{}, float{});
   WNA16_CUDA_CHECK_LAUNCH();
-}
-
-void launch_kperm_positions(const void* x, int64_t H, const int32_t* sorted_ids, const int32_t* ntpp,
-                            int64_t num_slots, int x_div, int64_t rows, void* y, Stream stream) {
-  if (H <= 0 || H % 64 != 0) throw Error("kperm: H=" + std::to_string(H) + " is not a positive multiple of 64");
-  if (reinterpret_cast<uintptr_t>(y) % 16 != 0) throw Error("kperm: the output is not 16-byte aligned");
-  if (num_slots < 0 || num_slots >= (int64_t(1) << 31) || x_div < 1 || rows < 0)
-    throw Error("kperm: num_slots=" + std::to_string(num_slots) + ", x_div=" + std::to_string(x_div) + " or rows=" +
-                std::to_string(rows) + " is out of range");
-  if (rows == 0 || num_slots == 0) return;
-  if (!x || !y || (sorted_ids && !ntpp)) throw Error("kperm: a required device pointer is null");
-  const int threads = 256;
-  auto s = static_cast<cudaStream_t>(stream);
-  const auto* xs = static_cast<const uint16_t*>(x);
-  auto* ys = static_cast<uint16_t*>(y);
-  const int grid = grid_for(rows * (H / 64), threads);
-  if (reinterpret_cast<uintptr_t>(x) % 16 == 0)
-    kperm_positions_kernel<true><<<grid, threads, 0, s>>>(xs, H, sorted_ids, ntpp, int(num_slots), x_div, rows, ys);
-  else
-    kperm_positions_kernel<false><<<grid, threads, 0, s>>>(xs, H, sorted_ids, ntpp, int(num_slots), x_div, rows, ys);
-  WNA16_CUDA_CHECK_LAUNCH();
-}
-
-void launch_gather_slots(const void* x, int64_t M, int64_t H, const int32_t* ids, int k2, const int32_t* perm,
-                         int n_perm, void* out, bool kperm, Stream stream, int j_begin, int j_end) {
-  if (j_end < 0) j_end = k2;
-  if (M < 0 || H < 1 || k2 < 1 || n_perm < 1)
-    throw Error("gather: M=" + std::to_string(M) + ", H=" + std::to_string(H) + ", k2=" + std::to_string(k2) +
-                " or n_perm=" + std::to_string(n_perm) + " is out of range");
-  if (j_begin < 0 || j_end > k2 || j_begin >= j_end)
-    throw Error("gather: slots [" + std::to_string(j_begin) + ", " + std::to_string(j_end) + ") of each token's k2=" +
-                std::to_string(k2) + " are empty or out of range");
-  if (!ids && j_end - j_begin > n_perm)
-    throw Error("gather: without ids, slots [" + std::to_string(j_begin) + ", " + std::to_string(j_end) +
-                ") take experts 0.." + std::to_string(j_end - j_begin - 1) + ", beyond n_perm=" + std::to_string(n_perm));
-  if (kperm && H % 64 != 0) throw Error("gather: k-permuted rows need H (" + std::to_string(H) + ") a multiple of 64");
-  if (H > 0x7fffffff) throw Error("gather: H=" + std::to_string(H) + " exceeds the perm's 32-bit indices");
-  const int64_t slots = M * (j_end - j_begin);
-  if (slots > 0x7fffffff) throw Error("gather: " + std::to_string(slots) + " slots exceed the grid");
-  if (slots == 0) return;
-  if (!x || !perm || !out) throw Error("gather: a null pointer among x, perm, out");
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(slots), unsigned((H + kGatherPiece - 1) / kGatherPiece));
-  cfg.blockDim = dim3(kGatherThreads);
-  cfg.stream = static_cast<cudaStream_t>(stream);
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  const auto* xs = static_cast<const uint16_t*>(x);
-  auto* os = static_cast<uint16_t*>(out);
-  if (kperm)
-    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gather_slots_kernel<true>, xs, H, ids, k2, j_begin, j_end, n_perm, perm, os));
-  else
-    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gather_slots_kernel<false>, xs, H, ids, k2, j_begin, j_end, n_perm, perm, os));
-}
-
-void launch_cast_out(const float* acc, void* out, DType act, int64_t n, Stream stream) {
-  if (n % 4 != 0) throw Error("cast: n=" + std::to_string(n) + " is not a multiple of 4");
-  if (n == 0) return;
-  const int threads = 256;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(grid_for(n / 4, threads)));
-  cfg.blockDim = dim3(threads);
-  cfg.stream = static_cast<cudaStream_t>(stream);
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  const auto* a4 = reinterpret_cast<const float4*>(acc);
-  if (act == DType::BF16)
-    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cast_kernel<__nv_bfloat16>, a4, static_cast<__nv_bfloat16*>(out), n / 4));
-  else
-    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cast_kernel<__half>, a4, static_cast<__half*>(out), n / 4));
 }
 
 }  // namespace wna16::cuda

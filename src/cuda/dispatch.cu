@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/sm90_wna16_moe_decode.cuh"
+#include "cuda/sm90_wna16_moe_gemm.cuh"
 #include "cuda/sm90_wna16_moe_prefill.cuh"
 #include "wna16/error.h"
 #include "wna16/reference.h"

@@ -10,6 +10,7 @@
 #include "cuda/dispatch.h"
 #include "cuda/moe_gemm.h"
 #include "cuda/sm90_wna16_moe_decode.cuh"
+#include "cuda/sm90_wna16_moe_gemm.cuh"
 #include "cuda/sm90_wna16_moe_prefill.cuh"
 #include "wna16/error.h"
 #include "wna16/reference.h"

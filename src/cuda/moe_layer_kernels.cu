@@ -15,7 +15,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/moe_layer_kernels.h"
-#include "cuda/sm90_wna16_moe_gemm.cuh"  // gemm::Act<T>::mma
+#include "cuda/sm90_wna16_moe_common.cuh"  // gemm::Act<T>::mma
 #include "wna16/error.h"
 
 namespace wna16::cuda {

@@ -15,7 +15,7 @@
 // Act-order (a per-expert activation gather) stays on the staged kernel.
 #pragma once
 #include "cuda/routing_device.cuh"
-#include "cuda/sm90_wna16_moe_gemm.cuh"
+#include "cuda/sm90_wna16_moe_common.cuh"
 
 namespace wna16::cuda::gemm {
 

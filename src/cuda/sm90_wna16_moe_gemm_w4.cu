@@ -1,6 +1,7 @@
 // Instantiations of the fused MoE GEMM for 4-bit weights (both activation types, every tile
 // config of the table).
 #include "cuda/sm90_wna16_moe_decode.cuh"
+#include "cuda/sm90_wna16_moe_gemm.cuh"
 
 namespace wna16::cuda::gemm {
 

@@ -53,7 +53,7 @@
 #include <cuda.h>  // CUtensorMap (the tensor map is encoded through the runtime's driver entry point)
 #include <cudaTypedefs.h>
 
-#include "cuda/sm90_wna16_moe_gemm.cuh"
+#include "cuda/sm90_wna16_moe_common.cuh"
 
 namespace wna16::cuda::gemm {
 

@@ -1,0 +1,257 @@
+// The MoE GEMM launcher's host-side decisions and refusals, no GPU needed (no CUDA call happens
+// before a refusal): the kernel table by tokens per expert, the decode work model, the k-permuted
+// layout, the act-order and index-range refusals, the handoff and one-token routing predicates.
+#include "gpu/gemm_test_shapes.h"
+#include "gpu/gpu_test_util.h"
+#include "test_util.h"
+
+#ifdef WNA16_HAVE_CUDA
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/dispatch.h"
+#include "cuda/moe_gemm.h"
+#include "wna16/error.h"
+
+namespace wna16::cuda {
+namespace {
+
+TEST(MoeGemm, PrefillRefusesActOrder) {
+  const int config = config_named("m144w");
+  ASSERT_GE(config, 0);
+  EXPECT_EQ(choose_gemm_config(4096, 8, 256, false), config);  // DeepSeek-V3 prefill: ~128 per expert
+  EXPECT_EQ(choose_gemm_config(512, 2, 8, false), config);     // Mixtral: 128 per expert
+  EXPECT_NE(choose_gemm_config(256, 2, 8, false), config);     // 64 per expert, the bound: m64w
+  EXPECT_FALSE(gemm_config_gathers(config));
+  EXPECT_NE(choose_gemm_config(4096, 8, 256, true), config);
+  int dummy = 0;
+  DeviceGemm d = tiny_host_gemm(&dummy);
+  d.perm = &dummy;
+  GemmRun r;
+  r.config = config;
+  try {
+    launch_moe_gemm(d, r, nullptr);
+    FAIL() << "act-order accepted by m144w";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("m144w"), std::string::npos) << e.what();
+  }
+}
+
+// The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 20 without
+// act-order (several m-blocks per expert beyond 8), the staged m32 kernel for act-order with its own
+// gather up to 40 and m64 above; without it the wgmma kernel, m64w from 21 to 64, m144w above.
+TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
+  const int m8 = config_named("m8"), m32 = config_named("m32"), m64 = config_named("m64"),
+            m64w = config_named("m64w"), m144w = config_named("m144w");
+  EXPECT_EQ(choose_gemm_config(1, 2, 8, false), m8);
+  EXPECT_EQ(choose_gemm_config(64, 2, 8, false), m8);    // Mixtral: 16 per expert
+  EXPECT_EQ(choose_gemm_config(512, 8, 256, false), m8);   // DeepSeek-V3: 16 per expert
+  EXPECT_EQ(choose_gemm_config(1024, 8, 256, false), m64w);  // DeepSeek-V3: 32 per expert
+  EXPECT_EQ(choose_gemm_config(64, 2, 8, true), m32);
+  EXPECT_NE(choose_gemm_config(256, 2, 8, false), m8);   // Mixtral: 64 per expert
+  // E = 1, top-1: tokens per expert = M.
+  for (bool gather : {false, true}) {
+    EXPECT_EQ(choose_gemm_config(8, 1, 1, gather), m8);
+    EXPECT_EQ(choose_gemm_config(9, 1, 1, gather), gather ? m32 : m8);
+    EXPECT_EQ(choose_gemm_config(20, 1, 1, gather), gather ? m32 : m8);
+    EXPECT_EQ(choose_gemm_config(21, 1, 1, gather), gather ? m32 : m64w);
+    EXPECT_EQ(choose_gemm_config(40, 1, 1, gather), gather ? m32 : m64w);
+    EXPECT_EQ(choose_gemm_config(41, 1, 1, gather), gather ? m64 : m64w);
+    EXPECT_EQ(choose_gemm_config(64, 1, 1, gather), gather ? m64 : m64w);
+    EXPECT_EQ(choose_gemm_config(65, 1, 1, gather), gather ? m64 : m144w);
+    EXPECT_EQ(choose_gemm_config(100000, 1, 1, gather), gather ? m64 : m144w);
+  }
+  for (int c = 0; c < gemm_config_count(); ++c) EXPECT_EQ(config_named(gemm_config_name(c)), c);
+  EXPECT_THROW(gemm_config_block_m(gemm_config_count()), Error);
+}
+
+// The expected m-block count of the decode work model (host-only): exact small cases, a Monte
+// Carlo estimate of uniform top-k routing, and refusal of sizes below 1.
+TEST(MoeGemm, ExpectedMblocksMatchesSampling) {
+  EXPECT_NEAR(expected_mblocks(1, 2, 8, 8), 2.0, 1e-9);      // one token: topk blocks
+  EXPECT_NEAR(expected_mblocks(16, 8, 8, 8), 16.0, 1e-9);    // every expert gets all 16 tokens
+  EXPECT_NEAR(expected_mblocks(5, 1, 1, 8), 1.0, 1e-9);
+  std::mt19937_64 rng(5);
+  struct C { int64_t M, k, E, bm; };
+  for (const C c : {C{16, 2, 8, 8}, C{64, 9, 257, 8}, C{200, 8, 128, 8}, C{1000, 6, 64, 32}}) {
+    double sum = 0;
+    const int trials = 400;
+    for (int t = 0; t < trials; ++t) {
+      std::vector<int64_t> n(size_t(c.E), 0);
+      for (int64_t m = 0; m < c.M; ++m) {
+        std::vector<int64_t> pick;
+        while (int64_t(pick.size()) < c.k) {
+          const int64_t e = int64_t(rng() % uint64_t(c.E));
+          if (std::find(pick.begin(), pick.end(), e) == pick.end()) pick.push_back(e);
+        }
+        for (int64_t e : pick) ++n[size_t(e)];
+      }
+      for (int64_t v : n) sum += double((v + c.bm - 1) / c.bm);
+    }
+    const double sampled = sum / trials, model = expected_mblocks(c.M, c.k, c.E, c.bm);
+    EXPECT_NEAR(model, sampled, 0.02 * sampled + 0.5) << "M=" << c.M << " topk=" << c.k << " E=" << c.E;
+  }
+  EXPECT_THROW(expected_mblocks(0, 2, 8, 8), Error);
+  try {
+    expected_mblocks(4, 2, 8, 0);
+    ADD_FAILURE() << "bm=0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bm=0"), std::string::npos) << e.what();
+  }
+}
+
+// The k-permuted activation layout (host-only): a bijection inside each 64-element chunk that keeps
+// element pairs together and stores real pair 8w + u at pair position 4u + w; and the launcher
+// refuses it outside m144w, on a misaligned x, or on a GEMM2 output.
+TEST(MoeGemm, KpermLayoutAndRefusals) {
+  std::vector<int> seen(128, 0);
+  for (int64_t k = 0; k < 128; ++k) {
+    const int64_t p = kperm_pos(k);
+    ASSERT_EQ(p / 64, k / 64) << "k=" << k << " left its chunk";
+    ++seen[size_t(p)];
+    const int64_t rp = (k % 64) / 2, u = rp % 8, w = rp / 8;
+    EXPECT_EQ(p % 64, 2 * (4 * u + w) + k % 2) << "k=" << k;
+  }
+  for (int v : seen) EXPECT_EQ(v, 1);
+  int dummy[8] = {};
+  const DeviceGemm d = tiny_host_gemm(dummy);
+  GemmRun r;
+  r.epilogue = GemmEpilogue::SiluMul;
+  r.x = dummy;
+  r.out = dummy;
+  r.sorted_ids = dummy;
+  r.expert_ids = dummy;
+  r.num_tokens_post_padded = dummy;
+  r.topk = 1;
+  r.num_slots = 1;
+  r.x_stride = 64;
+  r.x_kperm = true;
+  auto refusal = [&](const GemmRun& run) {
+    try {
+      launch_moe_gemm(d, run, nullptr);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("<accepted>");
+  };
+  r.config = config_named("m64");
+  EXPECT_NE(refusal(r).find("m144w only"), std::string::npos) << refusal(r);
+  r.config = config_named("m144w");
+  r.x = reinterpret_cast<const char*>(dummy) + 2;
+  EXPECT_NE(refusal(r).find("16-byte aligned"), std::string::npos) << refusal(r);
+  r.x = dummy;
+  r.x_stride = 60;
+  EXPECT_NE(refusal(r).find("x_stride (60)"), std::string::npos) << refusal(r);
+  r.x_stride = 64;
+  r.x_kperm = false;
+  r.out_kperm = true;
+  r.epilogue = GemmEpilogue::WeightedSum;
+  EXPECT_NE(refusal(r).find("out_kperm needs the SiluMul epilogue"), std::string::npos) << refusal(r);
+}
+
+// The staged and prefill kernels index x with 32-bit element offsets: a GEMM whose x would not fit
+// is refused before launch, naming the sizes (host-only: runs without a GPU too).
+TEST(MoeGemm, RefusesXBeyondIndexRange) {
+  int dummy = 0;
+  const DeviceGemm d = tiny_host_gemm(&dummy);
+  GemmRun r;
+  r.config = 2;
+  r.epilogue = GemmEpilogue::SiluMul;
+  r.x = &dummy;
+  r.out = &dummy;
+  r.sorted_ids = &dummy;
+  r.expert_ids = &dummy;
+  r.num_tokens_post_padded = &dummy;
+  r.topk = 1;
+  r.num_slots = int64_t(1) << 30;  // 2^30 token rows of 64 elements
+  r.x_stride = 64;
+  try {
+    launch_moe_gemm(d, r, nullptr);
+    FAIL() << "x of 2^36 elements accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2^31 element index range"), std::string::npos) << e.what();
+  }
+}
+
+// The handoff's slots (handoff_pairs_per_slot): an even number of tile pairs each (a warp's unit of
+// two pairs never straddles two slots), every pair of GEMM1 in one of the kHandoffSlots counters of
+// its m-block, none of them empty but the ones past the last pair. Host only.
+TEST(MoeGemm, HandoffSlotsHoldEveryPair) {
+  for (int64_t pairs : {1, 2, 3, 7, 8, 16, 17, 64, 128, 895, 896, 1024, 7168}) {
+    const int64_t pps = handoff_pairs_per_slot(pairs);
+    EXPECT_EQ(pps % 2, 0) << pairs << " pairs";
+    EXPECT_LT((pairs - 1) / pps, kHandoffSlots) << pairs << " pairs: the last pair is past the counters";
+    EXPECT_GE(pps * kHandoffSlots, pairs) << pairs << " pairs";
+  }
+  EXPECT_THROW(handoff_pairs_per_slot(0), Error);
+}
+
+// Where the layer runs GEMM1's shared-slice items in K parts (shared_slice_parts_pay): one token,
+// int4 with groups of 64-256, K * bits >= 16384. DeepSeek-V3 (K=7168) yes; Qwen1.5-MoE (K=2048)
+// no; never at 4 tokens, int8, groups of 32 or per channel, or act-order. Host only.
+TEST(MoeGemm, SharedSlicePartsWhereItemsAreLong) {
+  int dummy[8] = {};
+  auto shape = [&](int bits, int64_t K, int64_t group) { return host_gemm_shape(dummy, bits, 9, K, 4096, group); };
+  EXPECT_TRUE(shared_slice_parts_pay(shape(4, 7168, 128), 1));
+  EXPECT_TRUE(shared_slice_parts_pay(shape(4, 4096, 64), 1));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(4, 7168, 128), 4));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(4, 2048, 128), 1));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(8, 7168, 128), 1));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(4, 7168, 32), 1));
+  EXPECT_FALSE(shared_slice_parts_pay(shape(4, 7168, 7168), 1));
+  DeviceGemm act_order = shape(4, 7168, 128);
+  act_order.perm = dummy;
+  EXPECT_FALSE(shared_slice_parts_pay(act_order, 1));
+}
+
+// Where the decode kernel routes one token itself (decode_routes_token: int4 in groups of 128,
+// no act-order, whole groups along K), and launch_moe_gemm refusing route_logits elsewhere, naming
+// the value, before anything is launched. Host only.
+TEST(MoeGemm, RoutesOneTokenOnlyWhereTheVariantExists) {
+  int dummy[8] = {};
+  auto shape = [&](int bits, int64_t K, int64_t group) { return host_gemm_shape(dummy, bits, 8, K, 256, group); };
+  EXPECT_TRUE(decode_routes_token(shape(4, 4096, 128)));
+  EXPECT_FALSE(decode_routes_token(shape(4, 4096, 64)));
+  EXPECT_FALSE(decode_routes_token(shape(4, 4096, 4096)));
+  EXPECT_FALSE(decode_routes_token(shape(8, 4096, 128)));
+  EXPECT_FALSE(decode_routes_token(shape(4, 192, 64)));
+  DeviceGemm act_order = shape(4, 4096, 128);
+  act_order.perm = dummy;
+  EXPECT_FALSE(decode_routes_token(act_order));
+
+  const float logits[8] = {};
+  auto run = [&](int E, int topk, int64_t slots) {
+    GemmRun r;
+    r.topk = topk;
+    r.num_slots = slots;
+    r.sorted_ids = r.expert_ids = r.num_tokens_post_padded = dummy;
+    r.max_blocks = 64;
+    r.x = r.out = dummy;
+    r.x_stride = 4096;
+    r.route_logits = logits;
+    r.route_E = E;
+    r.route_topk = topk;
+    return r;
+  };
+  auto refusal = [](const DeviceGemm& w, const GemmRun& r) {
+    try {
+      launch_moe_gemm(w, r, nullptr);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const DeviceGemm w = shape(4, 4096, 128);
+  EXPECT_NE(refusal(w, run(33, 2, 2)).find("E=33"), std::string::npos) << refusal(w, run(33, 2, 2));
+  EXPECT_NE(refusal(w, run(8, 2, 4)).find("num_slots=4"), std::string::npos) << "two tokens";
+  EXPECT_NE(refusal(w, run(2, 3, 3)).find("top_k=3"), std::string::npos) << "top_k > E";
+  EXPECT_NE(refusal(shape(8, 4096, 128), run(8, 2, 2)).find("bits 8"), std::string::npos) << "int8";
+  EXPECT_NE(refusal(shape(4, 4096, 64), run(8, 2, 2)).find("group length 64"), std::string::npos) << "group 64";
+}
+
+}  // namespace
+}  // namespace wna16::cuda
+#endif

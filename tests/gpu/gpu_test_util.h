@@ -3,6 +3,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <vector>
 
@@ -56,5 +58,48 @@ class StreamTest : public ::testing::Test {
   }
   cudaStream_t stream_ = nullptr;
 };
+}  // namespace wna16::gpu_test
+
+namespace wna16::gpu_test {
+constexpr unsigned char kPoison = 0xA5;  // int32 0xA5A5A5A5 < 0 and fp32 -2.9e-16: never a valid output
+
+// A device buffer that frees itself; n may be 0.
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) {
+    if (cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) {
+      p = nullptr;
+      ADD_FAILURE() << "cudaMalloc of " << count * sizeof(T) << " bytes failed";
+    }
+  }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void poison() { EXPECT_EQ(cudaMemset(p, kPoison, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess); }
+  void upload(const std::vector<T>& v) {
+    ASSERT_EQ(v.size(), n);
+    if (n) {
+      EXPECT_EQ(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(n);
+    if (n) {
+      EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    return v;
+  }
+};
+
+// Index of the first difference, or -1.
+template <typename T>
+int64_t first_mismatch(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return int64_t(i);
+  return -1;
+}
 }  // namespace wna16::gpu_test
 #endif

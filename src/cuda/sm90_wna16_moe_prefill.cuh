@@ -414,8 +414,13 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           wgmma_wait<1>();
-          // From step 1 on, chunk kt-1's wgmmas are all done: its stage is free.
-          if (s == 1 && free_run && kt > 0 && lane == 0) mbar_arrive(empty0 + 8 * st_prev);
+          // From step 1 on, chunk kt-1's wgmmas are all done: its stage is free. The arrive (a
+          // release) orders only its own thread's accesses: __syncwarp first orders the other
+          // lanes' reads of the stage's weights and scales before it.
+          if (s == 1 && free_run && kt > 0) {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * st_prev);
+          }
 #pragma unroll
           for (int i = 0; i < 2; ++i) dequant<T, BITS>(wv[i], s, meta[i], a[s & 1][i]);
           if constexpr (C::FULL_WIDTH) {
@@ -433,7 +438,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
       st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
     }
     wgmma_wait<0>();
-    if (free_run && wg_active && lane == 0) mbar_arrive(empty0 + 8 * st_prev);  // the last chunk's stage
+    if (free_run && wg_active) {  // the last chunk's stage
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty0 + 8 * st_prev);
+    }
     if (!free_run) cp_async_wait<0>();
     if (!wg_active) continue;
 

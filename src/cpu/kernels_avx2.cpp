@@ -39,6 +39,43 @@ inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// One step (8 channels) of one token, two int8 terms, four 8-column groups (128 contiguous code
+// bytes at w): a[e][c] += pair sums of codes x term e. Written out because the compiler kept only
+// half of the eight int16 sums in registers (a load, add and store of the others every step): here
+// the sums, the four activation broadcasts and three temporaries take exactly the 16 ymm
+// registers, 12 instructions per 32 code bytes.
+inline void one_token_step(const uint8_t* w, const int8_t* x0, const int8_t* x1, __m256i low4, __m256i (&a)[2][4]) {
+  __m256i b0, b1, b2, b3, t0, t1, t2;
+  asm("vpbroadcastd (%[x0]), %[b0]\n\t"
+      "vpbroadcastd 4(%[x0]), %[b1]\n\t"
+      "vpbroadcastd (%[x1]), %[b2]\n\t"
+      "vpbroadcastd 4(%[x1]), %[b3]\n\t"
+#define WNA16_AVX2_GROUP(OFF, A0, A1)                                                        \
+  "vmovdqa " #OFF "(%[w]), %[t1]\n\t"      /* codes of 8 columns x 8 channels */           \
+  "vpand %[t1], %[m], %[t0]\n\t"           /* lo: channels k..k+3 */                      \
+  "vpsrlw $4, %[t1], %[t1]\n\t"                                                              \
+  "vpand %[t1], %[m], %[t1]\n\t"           /* hi: channels k+4..k+7 */                    \
+  "vpmaddubsw %[b0], %[t0], %[t2]\n\t"                                                       \
+  "vpaddw %[t2], %[" #A0 "], %[" #A0 "]\n\t"                                                 \
+  "vpmaddubsw %[b2], %[t0], %[t0]\n\t"                                                       \
+  "vpaddw %[t0], %[" #A1 "], %[" #A1 "]\n\t"                                                 \
+  "vpmaddubsw %[b1], %[t1], %[t2]\n\t"                                                       \
+  "vpaddw %[t2], %[" #A0 "], %[" #A0 "]\n\t"                                                 \
+  "vpmaddubsw %[b3], %[t1], %[t1]\n\t"                                                       \
+  "vpaddw %[t1], %[" #A1 "], %[" #A1 "]\n\t"
+      WNA16_AVX2_GROUP(0, a00, a10) WNA16_AVX2_GROUP(32, a01, a11) WNA16_AVX2_GROUP(64, a02, a12)
+      WNA16_AVX2_GROUP(96, a03, a13)
+#undef WNA16_AVX2_GROUP
+      : [a00] "+x"(a[0][0]), [a01] "+x"(a[0][1]), [a02] "+x"(a[0][2]), [a03] "+x"(a[0][3]),
+        [a10] "+x"(a[1][0]), [a11] "+x"(a[1][1]), [a12] "+x"(a[1][2]), [a13] "+x"(a[1][3]),
+        [b0] "=&x"(b0), [b1] "=&x"(b1), [b2] "=&x"(b2), [b3] "=&x"(b3), [t0] "=&x"(t0), [t1] "=&x"(t1),
+        [t2] "=&x"(t2)
+      : [w] "r"(w), [x0] "r"(x0), [x1] "r"(x1), [m] "x"(low4),
+        // The bytes read, as memory operands (no "memory" clobber: loop-invariant loads stay hoisted).
+        "m"(*reinterpret_cast<const uint8_t(*)[128]>(w)), "m"(*reinterpret_cast<const int8_t(*)[8]>(x0)),
+        "m"(*reinterpret_cast<const int8_t(*)[8]>(x1)));
+}
+
 // MR tokens x one 64-column block, TERMS int8 terms, 4-bit codes. The block's columns are done in
 // passes of NC 8-column groups per activation block (64 channels, 2 KiB of codes, L1-resident
 // between passes), so the MR x TERMS x NC int16 accumulators stay in the 16 ymm registers.
@@ -78,6 +115,10 @@ void gemm_i8(const BlockView& v, const XRow* rows, float* out) {
           for (int64_t s = s0; s < s1; ++s) {
             const int64_t k = k0 + s * kStepK;
             const uint8_t* ps = p + s * v.step_bytes;
+            if constexpr (MR == 1 && TERMS == 2 && NC == 4) {
+              one_token_step(ps + 32 * g0, rows[0].q[0] + k, rows[0].q[1] + k, low4, a16[0]);
+              continue;
+            }
             for (int c = 0; c < NC; ++c) {
               const int g = g0 + c;  // tile g / 2, half g % 2 (packed_linear.h)
               const __m256i d = _mm256_load_si256(reinterpret_cast<const __m256i*>(ps + (g >> 1) * 64 + 32 * (g & 1)));

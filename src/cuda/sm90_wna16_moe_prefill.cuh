@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   __shared__ int s_orow[BM];  // weighted sum: output row (token) of each column
   __shared__ float s_wt[BM];  // weighted sum: routing weight of each column
   __shared__ __align__(8) uint64_t s_full[STAGES];   // stage s's weights and scales have landed
-  __shared__ __align__(8) uint64_t s_empty[STAGES];  // free_run: every warp is done reading stage s
+  __shared__ __align__(8) uint64_t s_empty[STAGES];  // free_run: every thread is done reading stage s
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t smem_base = smem_addr(smem);
 
@@ -214,7 +214,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   const int xr0 = 4 * warp + (lane >> 3), xp8 = lane & 7;
   const uint32_t xsoff = uint32_t(xr0 * 128 + ((xp8 ^ (xr0 & 7)) << 4));
   const uint32_t full0 = smem_addr(&s_full[0]), empty0 = smem_addr(&s_empty[0]);
-  constexpr int kWarps = C::THREADS / 32;
   // The k-loop without block barriers (C::BARRIER_FREE, with the token tiles by tensor copies).
   const bool free_run = C::BARRIER_FREE && x_tma;
   if (tid == 0) {
@@ -223,7 +222,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     const int issuers = free_run ? 3 + (p.zeros ? 1 : 0) : 1;
     for (int st = 0; st < STAGES; ++st) {
       mbar_init(full0 + 8 * st, issuers);
-      mbar_init(empty0 + 8 * st, kWarps);
+      mbar_init(empty0 + 8 * st, C::THREADS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -302,7 +301,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
       const uint32_t nslots = slot_mask == 0 ? 1u : slot_mask == 2 ? 2u : 4u;
       if (free_run) {
         // Lane 0 of warp 0 / 1 / 2 / 3 of warpgroup kc & 1: weights / token tile / scales / zeros,
-        // once every warp has freed the stage (s_empty). Every warp of that warpgroup does one
+        // once every thread has freed the stage (s_empty). Every warp of that warpgroup does one
         // share: its wgmmas wait for the slowest (one thread issuing all took 9-16% more time at
         // 32-64 tokens per expert, 2026-12-02, H200).
         if (lane == 0 && wg == (kc & 1) && (wq != 3 || p.zeros)) {
@@ -349,7 +348,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     }
     // free_run: every byte of a stage arrives by the copy engine (the async proxy, which wgmma
     // reads through), so the k-loop needs no cp.async wait, proxy fence or block barrier: a chunk
-    // is waited for on s_full, and each warp frees its stage on s_empty once its wgmmas are done
+    // is waited for on s_full, and each thread frees its stage on s_empty once its wgmmas are done
     // (the two warpgroups drift apart freely). Else a block barrier per chunk orders the tokens'
     // cp.async copies (if any) and the stage refills.
     // NOTE: the token width is chosen per k-step by a switch whose every case holds a whole
@@ -383,7 +382,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
         // Reads nothing, but frees the stage only after it was filled (an early arrival would
         // count toward the stage's previous fill).
         mbar_wait_parity(full0 + 8 * st, parity);
-        if (lane == 0) mbar_arrive(empty0 + 8 * st);
+        mbar_arrive(empty0 + 8 * st);
       }
       if (wg_active) {
         mbar_wait_parity(full0 + 8 * st, parity);  // the chunk's weights and scales
@@ -414,13 +413,11 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           wgmma_wait<1>();
-          // From step 1 on, chunk kt-1's wgmmas are all done: its stage is free. The arrive (a
-          // release) orders only its own thread's accesses: __syncwarp first orders the other
-          // lanes' reads of the stage's weights and scales before it.
-          if (s == 1 && free_run && kt > 0) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty0 + 8 * st_prev);
-          }
+          // From step 1 on, chunk kt-1's wgmmas are all done: its stage is free. Every thread
+          // arrives: an arrive (a release) orders only its own thread's reads of the stage's
+          // weights and scales (lane 0 arriving for its warp after __syncwarp made ptxas 13.0
+          // serialise the wgmmas, C7513, and racecheck still reported the refills).
+          if (s == 1 && free_run && kt > 0) mbar_arrive(empty0 + 8 * st_prev);
 #pragma unroll
           for (int i = 0; i < 2; ++i) dequant<T, BITS>(wv[i], s, meta[i], a[s & 1][i]);
           if constexpr (C::FULL_WIDTH) {
@@ -438,10 +435,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
       st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
     }
     wgmma_wait<0>();
-    if (free_run && wg_active) {  // the last chunk's stage
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty0 + 8 * st_prev);
-    }
+    if (free_run && wg_active) mbar_arrive(empty0 + 8 * st_prev);  // the last chunk's stage
     if (!free_run) cp_async_wait<0>();
     if (!wg_active) continue;
 

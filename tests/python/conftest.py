@@ -83,6 +83,7 @@ def synth(tmp_path_factory):
 # ---- float64 reference from checkpoint-layout tensors -------------------------------------------
 
 _AWQ_REVERSE = [0, 4, 1, 5, 2, 6, 3, 7]  # column 8c+j is in nibble _AWQ_REVERSE[j]
+_AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]    # nibble i holds column 8c + _AWQ_ORDER[i]
 
 
 def _unpack_k(words, bits):  # GPTQ qweight [K*bits/32, N] -> [K, N], LSB first along K
@@ -113,6 +114,39 @@ def dequantize(lin, fmt, bits, group_size):
     g = lin.get("g_idx")
     g = g.to(torch.int64) if g is not None else torch.arange(K) // (K if group_size == -1 else group_size)
     return scales[g] * (q - z[g]).to(torch.float64)
+
+
+def _words(codes, axis):
+    """4-bit codes (int64) packed 8 per int32 along axis 0 (GPTQ qweight) or 1 (qzeros)."""
+    c = codes if axis == 0 else codes.t()
+    c = c.reshape(c.shape[0] // 8, 8, c.shape[1])
+    w = sum(c[:, j, :] << (4 * j) for j in range(8))
+    w = torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32)
+    return w if axis == 0 else w.t().contiguous()
+
+
+def quantize_rtn(w, fmt, group):
+    """w [N, K] (torch layout) -> 4-bit checkpoint tensors by rounding to nearest: GPTQ v1 sym
+    ("gptq") or AWQ asym ("awq"), groups of `group` along K."""
+    wt_ = w.t().to(torch.float64)  # [K, N]
+    K, N = wt_.shape
+    g = wt_.reshape(K // group, group, N)
+    if fmt == "gptq":
+        s = (g.abs().amax(1) / 7).clamp_min(1e-6)
+        z = torch.full_like(s, 8)
+    else:
+        lo, hi = g.amin(1), g.amax(1)
+        s = ((hi - lo) / 15).clamp_min(1e-6)
+        z = (-lo / s).round().clamp(0, 15)
+    s = s.to(torch.float16).to(torch.float64)  # the checkpoint's scales are fp16
+    q = ((g / s[:, None, :]).round() + z[:, None, :]).clamp(0, 15).to(torch.int64).reshape(K, N)
+    z = z.to(torch.int64)
+    if fmt == "gptq":
+        return {"qweight": _words(q, 0), "scales": s.to(torch.float16), "qzeros": _words(z - 1, 1),
+                "g_idx": (torch.arange(K) // group).to(torch.int32)}
+    perm = [c * 8 + _AWQ_ORDER[i] for c in range(N // 8) for i in range(8)]  # nibble order -> column
+    return {"qweight": _words(q[:, perm].t().contiguous(), 0).t().contiguous(), "scales": s.to(torch.float16),
+            "qzeros": _words(z[:, perm].t().contiguous(), 0).t().contiguous()}
 
 
 def mlp64(x, deq):

@@ -49,6 +49,10 @@
 // wgmma.wait_group 0 (the previous chunk's wgmmas are done with the A registers), dequantise the
 // chunk (2 tiles x 4 k-steps x 4 registers), fence, 8 wgmmas, commit. The two warpgroups drift into
 // a ping-pong: one dequantises while the other's wgmmas run.
+// m64w with its token tiles by tensor copies runs the barrier-free schedule instead (FREE, its own
+// instantiation): per-stage s_full / s_empty mbarriers, a ring that runs on across items, the
+// copies split over four issuing lanes, shared loads at 32-bit addresses; every per-chunk
+// instruction outside the dequantisation and the wgmmas counts there (the kernel is issue-bound).
 #pragma once
 #include <cuda.h>  // CUtensorMap (the tensor map is encoded through the runtime's driver entry point)
 #include <cudaTypedefs.h>
@@ -109,9 +113,11 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart
 // (stride byte offset), leading byte offset unused for swizzled K-major (encoded 1), base offset 0
 // (the tile starts on a 1024-byte boundary).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
-  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
+// Built from its low word (start address | leading byte offset) and the constant high word, so a
+// k-step's descriptor (+32 bytes: + 2) is one 32-bit add.
+constexpr uint32_t kSw128DescHi = (1024u >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t sw128_desc_lo(uint32_t saddr) { return ((saddr & 0x3FFFFu) >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t lo) { return (uint64_t(kSw128DescHi) << 32) | lo; }
 
 // mbarrier and bulk-copy (TMA engine, no tensor map) helpers of the prefill ring.
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -132,6 +138,17 @@ __device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) 
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
+}
+// Shared-memory loads at 32-bit addresses (volatile: they stay after the mbarrier wait).
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
 }
 // bytes (a multiple of 16; both addresses 16-byte aligned) global -> shared, counted on bar.
 __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
@@ -183,7 +200,9 @@ __device__ __forceinline__ void prefill_mma_step_n(int nsel, float (&acc)[2][ACC
 // GEMM1's x gathered by launch_kperm_positions): the token tile by the copy engine,
 // one tensor copy per chunk from one thread on the stage's mbarrier; else per-thread cp.async.
 // NOTE: per-row tensor copies (144 per chunk) were tried for GEMM1's gathered rows: 3x slower.
-template <class C, class T, int BITS>
+// FREE: the k-loop without block barriers (C::BARRIER_FREE configs with x_tma), its own
+// instantiation: the barrier path's code and registers stay out of it.
+template <class C, class T, int BITS, bool FREE>
 __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     wna16_moe_prefill_kernel(const KParams p, const __grid_constant__ CUtensorMap x_map, const int x_tma) {
 #ifdef WNA16_HAVE_WGMMA
@@ -198,7 +217,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   __shared__ int s_orow[BM];  // weighted sum: output row (token) of each column
   __shared__ float s_wt[BM];  // weighted sum: routing weight of each column
   __shared__ __align__(8) uint64_t s_full[STAGES];   // stage s's weights and scales have landed
-  __shared__ __align__(8) uint64_t s_empty[STAGES];  // free_run: every thread is done reading stage s
+  __shared__ __align__(8) uint64_t s_empty[STAGES];  // FREE: every thread is done reading stage s
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t smem_base = smem_addr(smem);
 
@@ -214,12 +233,11 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   const int xr0 = 4 * warp + (lane >> 3), xp8 = lane & 7;
   const uint32_t xsoff = uint32_t(xr0 * 128 + ((xp8 ^ (xr0 & 7)) << 4));
   const uint32_t full0 = smem_addr(&s_full[0]), empty0 = smem_addr(&s_empty[0]);
-  // The k-loop without block barriers (C::BARRIER_FREE, with the token tiles by tensor copies).
-  const bool free_run = C::BARRIER_FREE && x_tma;
+  static_assert(!FREE || C::BARRIER_FREE, "the barrier-free k-loop is the config's");
   if (tid == 0) {
-    // Threads that arrive on a stage's s_full per fill: free_run: weights, token tile, scales and
+    // Threads that arrive on a stage's s_full per fill: FREE: weights, token tile, scales and
     // zeros each from their own warp; else one thread issues every copy.
-    const int issuers = free_run ? 3 + (p.zeros ? 1 : 0) : 1;
+    const int issuers = FREE ? 3 + (p.zeros ? 1 : 0) : 1;
     for (int st = 0; st < STAGES; ++st) {
       mbar_init(full0 + 8 * st, issuers);
       mbar_init(empty0 + 8 * st, C::THREADS);
@@ -227,13 +245,19 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  uint32_t phase = 0;  // bit st: the parity of stage st's next fill (every thread tracks every stage)
-  // free_run: bit st of filled: stage st was filled before (its next fill waits for the previous
-  // one to be consumed: s_empty, parity bit st of phase ^ 1).
-  uint32_t filled = 0;
+  uint32_t phase = 0;  // barrier path: bit st: the parity of stage st's next fill
+  int cs_st = 0;        // FREE: stage and s_full parity of the next chunk (the ring runs on across items)
+  uint32_t cs_par = 0;
   // Scale slots: lane tig's 16 k of a chunk use the group copied to slot tig & slot_mask (groups
   // of 64 k or more, or one group: slot 0; 32: slots 0 and 2; other multiples of 16: one per tig).
   const int slot_mask = (p.G == 1 || p.group_len % 64 == 0) ? 0 : (p.group_len % 32 == 0 ? 2 : 3);
+  // FREE: this lane's shared-memory offsets in a stage: its 16 bytes of tile 0's codes (tile 1:
+  // + U * 512) and its scale word of tile 0 (tile 1: + 32; zeros: + kMetaBytes); whether its
+  // warp issues copies (zeros only where the checkpoint has them).
+  const int ntl0 = wg * 8 + 2 * wq;
+  const uint32_t w_off = uint32_t(S::kXBytes + ntl0 * U * 512 + lane * 16);
+  const uint32_t m_off = uint32_t(S::kXBytes + S::kWBytes + 4 * ((tig & slot_mask) * NTB * 8 + ntl0 * 8 + g));
+  const bool issuer = lane == 0 && (wq != 3 || p.zeros);
 
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
     const WorkItem it = decode_item(p, item, nb_count);
@@ -253,104 +277,26 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     const int mstride = p.NT * 8;                    // meta words per group
     const int meta_base = int(int64_t(expert) * p.meta_stride + int64_t(nb) * NTB * 8);
 
-    // x element offset of this thread's 4 token rows (-1: padding), once per item: 32-bit (the
-    // launcher checks that x's rows fit), so they cost 4 registers, not 8. The thread fills
-    // 16-byte unit xp8 of its rows: natural x: real pairs xp8 + 8c (c = 0..3, one 4-byte copy
-    // each); k-permuted x: those four pairs are already adjacent, at element 8 * xp8.
-    const int kperm = p.x_kperm;  // uniform
-    int xo[XROWS];
-#pragma unroll
-    for (int i = 0; i < XROWS; ++i) {
-      const int r = 32 * i + xr0;  // r < nvalid <= BM: rows past the block are never copied
-      xo[i] = r < nvalid && !x_tma ? s_src[r] * int(p.x_stride) + (kperm ? 8 : 2) * xp8 : -1;
-    }
-    auto load_stage = [&](int kc, int st) {
-      const uint32_t sx = smem_base + uint32_t(st * S::kStage) + xsoff;  // this thread's token unit
-      if (x_tma) {
-        // Tokens: the issuing thread's tensor copy below.
-      } else if (kperm) {
-        // Tokens, k-permuted x: one 16-byte copy per row.
-#pragma unroll
-        for (int i = 0; i < XROWS; ++i)
-          if (xo[i] >= 0) cp_async16_s(sx + i * 4096, x + (xo[i] + kc * 64));
-      } else {
-        // Tokens: pair (lane & 7) + 8c of each row; c rotates with the row (bank-conflict free).
-#pragma unroll
-        for (int i = 0; i < XROWS; ++i) {
-          if (xo[i] < 0) continue;
-          const T* src = x + (xo[i] + kc * 64);
-#pragma unroll
-          for (int cc = 0; cc < 4; ++cc) {
-            const int c = (cc + (lane >> 3)) & 3;
-            cp_async4_s(sx + i * 4096 + c * 4, src + 16 * c);
-          }
-        }
+    // Scales (or zeros) of chunk kc's groups into dst0: per group slot, the block's tiles x 8
+    // contiguous words, one bulk copy each, counted on bar.
+    auto copy_meta = [&](int kc, const uint32_t* src, uint32_t dst0, uint32_t bar) {
+      const uint32_t mbytes = uint32_t(ntiles * 8 * 4);
+      if (slot_mask == 0) {  // one group for the chunk (groups of 64 k or more, or one group)
+        const int grp = p.G == 1 ? 0 : (p.group_shift >= 0 ? (kc * 64) >> p.group_shift : kc * 64 / p.group_len);
+        bulk_copy_g2s(dst0, src + meta_base + grp * mstride, mbytes, bar);
+        return;
       }
-      // Weights (for one k-chunk the block's tiles are contiguous in memory) and the scales (and
-      // zeros) of the chunk's groups (NTB * 8 contiguous words per group): bulk copies counted on
-      // the stage's mbarrier.
-      auto copy_meta = [&](const uint32_t* src, uint32_t dst0, uint32_t bar) {
-        const uint32_t mbytes = uint32_t(ntiles * 8 * 4);
-        for (int slot = 0; slot < 4; ++slot) {
-          if ((slot & slot_mask) != slot) continue;
-          const int k = kc * 64 + slot * 16;
-          const int grp = p.G == 1 ? 0 : (p.group_shift >= 0 ? k >> p.group_shift : k / p.group_len);
-          bulk_copy_g2s(dst0 + uint32_t(slot * NTB * 8 * 4), src + meta_base + grp * mstride, mbytes, bar);
-        }
-      };
-      const uint32_t nslots = slot_mask == 0 ? 1u : slot_mask == 2 ? 2u : 4u;
-      if (free_run) {
-        // Lane 0 of warp 0 / 1 / 2 / 3 of warpgroup kc & 1: weights / token tile / scales / zeros,
-        // once every thread has freed the stage (s_empty). Every warp of that warpgroup does one
-        // share: its wgmmas wait for the slowest (one thread issuing all took 9-16% more time at
-        // 32-64 tokens per expert, 2026-12-02, H200).
-        if (lane == 0 && wg == (kc & 1) && (wq != 3 || p.zeros)) {
-          const bool refill = (filled >> st) & 1u;
-          const uint32_t bar = full0 + 8 * st, sbase = smem_base + uint32_t(st * S::kStage);
-          if (refill) {
-            mbar_wait_parity(empty0 + 8 * st, ((phase >> st) & 1u) ^ 1u);
-            // The warps' reads of the stage (weights and scales by ld.shared: the generic proxy)
-            // before this copy's writes (the async proxy).
-            fence_proxy_async_smem();
-          }
-          if (wq == 0) {
-            const uint32_t wbytes = uint32_t(ntiles * U * 32 * 16);
-            mbar_arrive_expect_tx(bar, wbytes);
-            bulk_copy_g2s(sbase + S::kXBytes, wexp + int64_t(kc) * wstride, wbytes, bar);
-          } else if (wq == 1) {
-            mbar_arrive_expect_tx(bar, uint32_t(BM * 128));
-            tma_tile_g2s(sbase, &x_map, kc * 64, mb * BM, bar);
-          } else {
-            mbar_arrive_expect_tx(bar, nslots * uint32_t(ntiles * 8 * 4));
-            copy_meta(wq == 2 ? p.scales : p.zeros,
-                      sbase + S::kXBytes + S::kWBytes + (wq == 3 ? uint32_t(S::kMetaBytes) : 0u), bar);
-          }
-        }
-        filled |= 1u << st;
-      } else if (tid == 0) {
-        const uint32_t bar = full0 + 8 * st, sbase = smem_base + uint32_t(st * S::kStage);
-        const uint32_t wbytes = uint32_t(ntiles * U * 32 * 16), mbytes = uint32_t(ntiles * 8 * 4);
-        const uint32_t xbytes = x_tma ? uint32_t(BM * 128) : 0u;
-        mbar_arrive_expect_tx(bar, xbytes + wbytes + nslots * mbytes * (p.zeros ? 2u : 1u));
-        bulk_copy_g2s(sbase + S::kXBytes, wexp + int64_t(kc) * wstride, wbytes, bar);
-        if (x_tma) tma_tile_g2s(sbase, &x_map, kc * 64, mb * BM, bar);
-        copy_meta(p.scales, sbase + S::kXBytes + S::kWBytes, bar);
-        if (p.zeros) copy_meta(p.zeros, sbase + S::kXBytes + S::kWBytes + S::kMetaBytes, bar);
+      for (int slot = 0; slot < 4; ++slot) {
+        if ((slot & slot_mask) != slot) continue;
+        const int k = kc * 64 + slot * 16;
+        const int grp = p.group_shift >= 0 ? k >> p.group_shift : k / p.group_len;
+        bulk_copy_g2s(dst0 + uint32_t(slot * NTB * 8 * 4), src + meta_base + grp * mstride, mbytes, bar);
       }
     };
-
+    const uint32_t nslots = slot_mask == 0 ? 1u : slot_mask == 2 ? 2u : 4u;
+    const uint32_t wbytes = uint32_t(ntiles * U * 32 * 16), mbytes = uint32_t(ntiles * 8 * 4);
     const int nsel = (nvalid + 15) >> 4;  // token columns / 16 of the wgmmas (1..BM / 16)
 
-#pragma unroll
-    for (int s = 0; s < PF; ++s) {
-      if (s < nk) load_stage(kc0 + s, s);
-      cp_async_commit();
-    }
-    // free_run: every byte of a stage arrives by the copy engine (the async proxy, which wgmma
-    // reads through), so the k-loop needs no cp.async wait, proxy fence or block barrier: a chunk
-    // is waited for on s_full, and each thread frees its stage on s_empty once its wgmmas are done
-    // (the two warpgroups drift apart freely). Else a block barrier per chunk orders the tokens'
-    // cp.async copies (if any) and the stage refills.
     // NOTE: the token width is chosen per k-step by a switch whose every case holds a whole
     // fence / 2 wgmmas / commit. Tried and rejected (ptxas 13.0 serialised the wgmmas): a switch
     // around the wgmmas only (C7520, compiler-inserted arrive in a divergent path); one k-loop
@@ -366,77 +312,186 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     TileMeta<T, BITS> meta[2];
     const int cpg = p.G == 1 ? (1 << 30) : max(1, p.group_len / 64);
     int gpos = p.G == 1 ? 1 : kc0 % cpg;  // chunk kt's position in its group (0: a group starts)
-    int st = 0, st_load = PF;  // stage of chunk kt, stage of chunk kt + PF
-    int st_prev = 0;           // stage of chunk kt - 1
-    for (int kt = 0; kt < nk; ++kt) {
-      if (!free_run) {
+    // A chunk's 4 k-steps: codes wv, B operand at desc_lo. One commit group per k-step, A registers
+    // double-buffered across k-steps: before dequantising step s into buffer s & 1, wait until at
+    // most one group (step s-1) is in flight, i.e. step s-2 (the buffer's last reader) is done.
+    // free_bar (non-zero): arrived on after that wait at step 1, where the previous chunk's wgmmas
+    // are all done (every thread arrives: an arrive, a release, orders only its own thread's reads
+    // of the stage; lane 0 arriving for its warp after __syncwarp made ptxas 13.0 serialise the
+    // wgmmas, C7513).
+    auto mma_chunk = [&](const uint32_t (&wv)[2][4 * U], uint32_t desc_lo, uint32_t free_bar) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        wgmma_wait<1>();
+        if (s == 1 && free_bar != 0) mbar_arrive(free_bar);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) dequant<T, BITS>(wv[i], s, meta[i], a[s & 1][i]);
+        if constexpr (C::FULL_WIDTH) {
+          wgmma_fence();
+          prefill_mma_step<BM / 16, T>(acc, a[s & 1], sw128_desc(desc_lo + 2 * s));
+          wgmma_commit();
+        } else {
+          prefill_mma_step_n<BM, T>(nsel, acc, a[s & 1], sw128_desc(desc_lo + 2 * s));
+        }
+      }
+    };
+
+    if constexpr (FREE) {
+      // ---- the barrier-free k-loop: every byte of a stage arrives by the copy engine (the async
+      // proxy, which wgmma reads through), so no cp.async wait, proxy fence or block barrier: a
+      // chunk is waited for on s_full, and every thread frees its stage on s_empty once its
+      // wgmmas are done (the two warpgroups drift apart freely). The ring runs on across items:
+      // chunk kt is in stage cs_st with s_full parity cs_par. ----
+      // This warp's share of chunk kc's fill into stage fst (parity fpar): lane 0 of warp 0 / 1 /
+      // 2 / 3 of warpgroup kc & 1 copies the weights / token tile / scales / zeros (its wgmmas
+      // wait for the slowest warp: one thread issuing all took 9-16% longer at 32-64 tokens per
+      // expert, 2026-12-02, H200) once every thread has freed the stage's previous fill (s_empty;
+      // a fresh mbarrier reports parity 1 complete, so a stage's first fill passes at once).
+      auto fill = [&](int kc, int d) {
+        if (wg != (kc & 1) || !issuer) return;
+        int fst = cs_st + d;
+        uint32_t fpar = cs_par;
+        if (fst >= STAGES) fst -= STAGES, fpar ^= 1u;
+        const uint32_t bar = full0 + 8 * fst, sbase = smem_base + uint32_t(fst * S::kStage);
+        mbar_wait_parity(empty0 + 8 * fst, fpar ^ 1u);
+        // The threads' reads of the stage (weights and scales by ld.shared: the generic proxy)
+        // before this copy's writes (the async proxy).
+        fence_proxy_async_smem();
+        if (wq == 0) {
+          mbar_arrive_expect_tx(bar, wbytes);
+          bulk_copy_g2s(sbase + S::kXBytes, wexp + int64_t(kc) * wstride, wbytes, bar);
+        } else if (wq == 1) {
+          mbar_arrive_expect_tx(bar, uint32_t(BM * 128));
+          tma_tile_g2s(sbase, &x_map, kc * 64, mb * BM, bar);
+        } else {
+          mbar_arrive_expect_tx(bar, nslots * mbytes);
+          copy_meta(kc, wq == 2 ? p.scales : p.zeros, sbase + S::kXBytes + S::kWBytes + (wq == 3 ? uint32_t(S::kMetaBytes) : 0u),
+                    bar);
+        }
+      };
+      for (int s = 0; s < PF && s < nk; ++s) fill(kc0 + s, s);
+      int st_prev = 0;  // stage of chunk kt - 1
+      for (int kt = 0; kt < nk; ++kt) {
+        if (kt + PF < nk) fill(kc0 + kt + PF, PF);
+        mbar_wait_parity(full0 + 8 * cs_st, cs_par);  // the chunk's weights, tokens and scales
+        const uint32_t sa = smem_base + uint32_t(cs_st * S::kStage);
+        if (wg_active) {
+          uint32_t wv[2][4 * U];
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int u = 0; u < U; ++u) put_words(&wv[i][4 * u], lds128(sa + w_off + uint32_t((i * U + u) * 512)));
+          if (kt == 0 || slot_mask != 0 || gpos == 0) {  // a new group: its scales (and zeros)
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+              meta[i].load(lds32(sa + m_off + 32 * i), p.zeros ? lds32(sa + m_off + S::kMetaBytes + 32 * i) : p.default_zero);
+          }
+          mma_chunk(wv, sw128_desc_lo(sa), kt > 0 ? empty0 + 8 * st_prev : 0u);
+        } else {
+          // Reads nothing, but frees the stage only after it was filled (an early arrival would
+          // count toward the stage's previous fill).
+          mbar_arrive(empty0 + 8 * cs_st);
+        }
+        if (++gpos == cpg) gpos = 0;
+        st_prev = cs_st;
+        if (++cs_st == STAGES) cs_st = 0, cs_par ^= 1u;
+      }
+      wgmma_wait<0>();
+      if (wg_active) mbar_arrive(empty0 + 8 * st_prev);  // the last chunk's stage
+    } else {
+      // ---- the k-loop with a block barrier per chunk: it orders the tokens' cp.async copies (if
+      // any) and the stage refills (one thread issues every bulk copy) ----
+      // x element offset of this thread's 4 token rows (-1: padding), once per item: 32-bit (the
+      // launcher checks that x's rows fit), so they cost 4 registers, not 8. The thread fills
+      // 16-byte unit xp8 of its rows: natural x: real pairs xp8 + 8c (c = 0..3, one 4-byte copy
+      // each); k-permuted x: those four pairs are already adjacent, at element 8 * xp8.
+      const int kperm = p.x_kperm;  // uniform
+      int xo[XROWS];
+#pragma unroll
+      for (int i = 0; i < XROWS; ++i) {
+        const int r = 32 * i + xr0;  // r < nvalid <= BM: rows past the block are never copied
+        xo[i] = r < nvalid && !x_tma ? s_src[r] * int(p.x_stride) + (kperm ? 8 : 2) * xp8 : -1;
+      }
+      auto load_stage = [&](int kc, int st) {
+        const uint32_t sx = smem_base + uint32_t(st * S::kStage) + xsoff;  // this thread's token unit
+        if (x_tma) {
+          // Tokens: the issuing thread's tensor copy below.
+        } else if (kperm) {
+          // Tokens, k-permuted x: one 16-byte copy per row.
+#pragma unroll
+          for (int i = 0; i < XROWS; ++i)
+            if (xo[i] >= 0) cp_async16_s(sx + i * 4096, x + (xo[i] + kc * 64));
+        } else {
+          // Tokens: pair (lane & 7) + 8c of each row; c rotates with the row (bank-conflict free).
+#pragma unroll
+          for (int i = 0; i < XROWS; ++i) {
+            if (xo[i] < 0) continue;
+            const T* src = x + (xo[i] + kc * 64);
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) {
+              const int c = (cc + (lane >> 3)) & 3;
+              cp_async4_s(sx + i * 4096 + c * 4, src + 16 * c);
+            }
+          }
+        }
+        // Weights (for one k-chunk the block's tiles are contiguous in memory), the token tile
+        // (x_tma) and the scales (and zeros) of the chunk's groups: bulk copies counted on the
+        // stage's mbarrier.
+        if (tid == 0) {
+          const uint32_t bar = full0 + 8 * st, sbase = smem_base + uint32_t(st * S::kStage);
+          const uint32_t xbytes = x_tma ? uint32_t(BM * 128) : 0u;
+          mbar_arrive_expect_tx(bar, xbytes + wbytes + nslots * mbytes * (p.zeros ? 2u : 1u));
+          bulk_copy_g2s(sbase + S::kXBytes, wexp + int64_t(kc) * wstride, wbytes, bar);
+          if (x_tma) tma_tile_g2s(sbase, &x_map, kc * 64, mb * BM, bar);
+          copy_meta(kc, p.scales, sbase + S::kXBytes + S::kWBytes, bar);
+          if (p.zeros) copy_meta(kc, p.zeros, sbase + S::kXBytes + S::kWBytes + S::kMetaBytes, bar);
+        }
+      };
+#pragma unroll
+      for (int s = 0; s < PF; ++s) {
+        if (s < nk) load_stage(kc0 + s, s);
+        cp_async_commit();
+      }
+      int st = 0, st_load = PF;  // stage of chunk kt, stage of chunk kt + PF
+      for (int kt = 0; kt < nk; ++kt) {
         cp_async_wait<PF - 1>();
         fence_proxy_async_smem();  // this thread's cp.async data -> visible to the async proxy (wgmma)
         __syncthreads();           // ... and to every warpgroup; all are past chunk kt-2's wgmmas
-      }
-      if (kt + PF < nk) load_stage(kc0 + kt + PF, st_load);
-      if (!free_run) cp_async_commit();
-      const uint32_t parity = (phase >> st) & 1u;
-      phase ^= 1u << st;
-      if (free_run && !wg_active) {
-        // Reads nothing, but frees the stage only after it was filled (an early arrival would
-        // count toward the stage's previous fill).
-        mbar_wait_parity(full0 + 8 * st, parity);
-        mbar_arrive(empty0 + 8 * st);
-      }
-      if (wg_active) {
-        mbar_wait_parity(full0 + 8 * st, parity);  // the chunk's weights and scales
-        const unsigned char* sb = smem + st * S::kStage;
-        const uint4* sw = reinterpret_cast<const uint4*>(sb + S::kXBytes);
-        const uint32_t* ss = reinterpret_cast<const uint32_t*>(sb + S::kXBytes + S::kWBytes);
-        const uint32_t* sz = ss + NTB * 32;
-        uint32_t wv[2][4 * U];
-        // C::BARRIER_FREE: scales and zeros converted only where a new group starts (~25
-        // instructions); m144w converts them every chunk (once per group measured 3.6-4.7% slower
-        // there, docs/perf.md).
-        const bool need_meta = !C::BARRIER_FREE || kt == 0 || slot_mask != 0 || gpos == 0;
+        if (kt + PF < nk) load_stage(kc0 + kt + PF, st_load);
+        cp_async_commit();
+        const uint32_t parity = (phase >> st) & 1u;
+        phase ^= 1u << st;
+        if (wg_active) {
+          mbar_wait_parity(full0 + 8 * st, parity);  // the chunk's weights and scales
+          const unsigned char* sb = smem + st * S::kStage;
+          const uint4* sw = reinterpret_cast<const uint4*>(sb + S::kXBytes);
+          const uint32_t* ss = reinterpret_cast<const uint32_t*>(sb + S::kXBytes + S::kWBytes);
+          const uint32_t* sz = ss + NTB * 32;
+          uint32_t wv[2][4 * U];
+          // C::BARRIER_FREE (m64w with x in token rows): scales and zeros converted only where a
+          // new group starts; m144w converts them every chunk (once per group measured 3.6-4.7%
+          // slower there, docs/perf.md).
+          const bool need_meta = !C::BARRIER_FREE || kt == 0 || slot_mask != 0 || gpos == 0;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int ntl = wg * 8 + 2 * wq + i;
+          for (int i = 0; i < 2; ++i) {
+            const int ntl = wg * 8 + 2 * wq + i;
 #pragma unroll
-          for (int u = 0; u < U; ++u) {
-            const uint4 v = sw[(ntl * U + u) * 32 + lane];
-            put_words(&wv[i][4 * u], v);
+            for (int u = 0; u < U; ++u) {
+              const uint4 v = sw[(ntl * U + u) * 32 + lane];
+              put_words(&wv[i][4 * u], v);
+            }
+            const int mi = (tig & slot_mask) * NTB * 8 + ntl * 8 + g;
+            if (need_meta) meta[i].load(ss[mi], p.zeros ? sz[mi] : p.default_zero);
           }
-          const int mi = (tig & slot_mask) * NTB * 8 + ntl * 8 + g;
-          if (need_meta) meta[i].load(ss[mi], p.zeros ? sz[mi] : p.default_zero);
+          mma_chunk(wv, sw128_desc_lo(smem_base + uint32_t(st * S::kStage)), 0u);
         }
-        const uint64_t desc = sw128_desc(smem_base + uint32_t(st * S::kStage));
-        // One commit group per k-step, A registers double-buffered across k-steps: before
-        // dequantising step s into buffer s & 1, wait until at most one group (step s-1) is in
-        // flight, i.e. step s-2 (the buffer's last reader) is done.
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          wgmma_wait<1>();
-          // From step 1 on, chunk kt-1's wgmmas are all done: its stage is free. Every thread
-          // arrives: an arrive (a release) orders only its own thread's reads of the stage's
-          // weights and scales (lane 0 arriving for its warp after __syncwarp made ptxas 13.0
-          // serialise the wgmmas, C7513, and racecheck still reported the refills).
-          if (s == 1 && free_run && kt > 0) mbar_arrive(empty0 + 8 * st_prev);
-#pragma unroll
-          for (int i = 0; i < 2; ++i) dequant<T, BITS>(wv[i], s, meta[i], a[s & 1][i]);
-          if constexpr (C::FULL_WIDTH) {
-            wgmma_fence();
-            prefill_mma_step<BM / 16, T>(acc, a[s & 1], desc + uint64_t(2 * s));
-            wgmma_commit();
-          } else {
-            prefill_mma_step_n<BM, T>(nsel, acc, a[s & 1], desc + uint64_t(2 * s));
-          }
-        }
+        if (++gpos == cpg) gpos = 0;
+        st = st + 1 == STAGES ? 0 : st + 1;
+        st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
       }
-      if (++gpos == cpg) gpos = 0;
-      st_prev = st;
-      st = st + 1 == STAGES ? 0 : st + 1;
-      st_load = st_load + 1 == STAGES ? 0 : st_load + 1;
+      wgmma_wait<0>();
+      cp_async_wait<0>();
     }
-    wgmma_wait<0>();
-    if (free_run && wg_active) mbar_arrive(empty0 + 8 * st_prev);  // the last chunk's stage
-    if (!free_run) cp_async_wait<0>();
     if (!wg_active) continue;
 
     // ---- epilogue: accumulator e = 4t + r holds weight row g + 8*(r >> 1) of the warp's tile and
@@ -524,20 +579,22 @@ int prepare_prefill() {
   static int blocks_per_sm = 0;
   static std::once_flag once;
   std::call_once(once, [] {
-    auto kern = wna16_moe_prefill_kernel<C, T, BITS>;
     const DeviceInfo di = device_info();
     if (S::kBytes > di.max_smem_optin)
       throw Error(std::string("tile config ") + C::NAME + " needs " + std::to_string(S::kBytes) + " bytes of shared memory; the device allows " +
                   std::to_string(di.max_smem_optin));
-    WNA16_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
+    // Both k-loops of a barrier-free config (the barrier one runs x in token rows).
+    for (auto kern : {wna16_moe_prefill_kernel<C, T, BITS, false>, wna16_moe_prefill_kernel<C, T, BITS, C::BARRIER_FREE>}) {
+      WNA16_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kBytes));
+      int n = 0;
+      WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::THREADS, S::kBytes));
+      if (n < 1) throw Error(std::string("tile config ") + C::NAME + " cannot be resident on this device");
+      blocks_per_sm = blocks_per_sm == 0 ? n : std::min(blocks_per_sm, n);
+    }
     int has_wgmma = 0;
     WNA16_CUDA_CHECK(cudaMemcpyFromSymbol(&has_wgmma, kPrefillHasWgmma, sizeof(int)));
     if (!has_wgmma)
       throw Error(std::string("tile config ") + C::NAME + " needs the sm_90a build (wgmma); this binary's code for the device has none");
-    int n = 0;
-    WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::THREADS, S::kBytes));
-    if (n < 1) throw Error(std::string("tile config ") + C::NAME + " cannot be resident on this device");
-    blocks_per_sm = n;
     tensor_map_encoder();
   });
   return blocks_per_sm;
@@ -562,7 +619,10 @@ void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t strea
   // Up to 4 waves of resident blocks (one item each, the hardware balances uneven SMs); beyond
   // that the persistent loop.
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(upper, 4 * int64_t(device_info().sms) * bps));
-  wna16_moe_prefill_kernel<C, T, BITS><<<dim3(unsigned(grid)), dim3(C::THREADS), S::kBytes, stream>>>(kp, x_map, x_tma);
+  if (C::BARRIER_FREE && x_tma)
+    wna16_moe_prefill_kernel<C, T, BITS, C::BARRIER_FREE><<<dim3(unsigned(grid)), dim3(C::THREADS), S::kBytes, stream>>>(kp, x_map, x_tma);
+  else
+    wna16_moe_prefill_kernel<C, T, BITS, false><<<dim3(unsigned(grid)), dim3(C::THREADS), S::kBytes, stream>>>(kp, x_map, x_tma);
   WNA16_CUDA_CHECK_LAUNCH();
 }
 

@@ -4,8 +4,11 @@ AWQ g64 asym, packed in the checkpoint layouts of formats.md), run twice: with i
 replaced by wna16's (replace_experts on the checkpoint-layout tensors) and with transformers' own
 modules on the same weights dequantized (conftest.dequantize, independent of the library). Checked
 over 32 greedily generated tokens from a fixed prompt: logits within 2e-2 relative error at every
-position (teacher-forced on the reference's tokens), and the same greedy token wherever the
-reference's top-2 margin exceeds 1e-2. Skipped where transformers 5 is not installed (CI)."""
+position (teacher-forced on the reference's tokens) whose tokens both models routed to the same
+experts in every layer (the routers are transformers' own in both: a near-tie between two
+experts' scores can go either way under bf16 rounding upstream, and such positions must stay
+rare), and the same greedy token wherever the reference's top-2 margin exceeds 1e-2. Skipped where
+transformers 5 is not installed (CI)."""
 import copy
 
 import pytest
@@ -78,6 +81,30 @@ def quantized_pair(family, fmt, device):
     return ref, mine
 
 
+def logits_and_routing(model, seq):
+    """Teacher-forced logits [T, vocab] and, per experts module, the sorted expert ids [T, k] its
+    tokens were routed to (the top_k_index the block passed in)."""
+    routes, hooks = {}, []
+
+    def grab(path):
+        def hook(mod, args, kwargs):
+            idx = args[1] if len(args) > 1 else kwargs["top_k_index"]
+            routes[path] = idx.reshape(seq.shape[1], -1).sort(-1).values.cpu()
+        return hook
+
+    for path, m in model.named_modules():
+        if isinstance(m, wt.Wna16Experts) or (isinstance(getattr(m, "gate_up_proj", None), torch.Tensor)
+                                              and m.gate_up_proj.dim() == 3):
+            hooks.append(m.register_forward_pre_hook(grab(path), with_kwargs=True))
+    try:
+        with torch.no_grad():
+            logits = model(seq, use_cache=False).logits[0].double()
+    finally:
+        for h in hooks:
+            h.remove()
+    return logits, routes
+
+
 def greedy(model, prompt, steps):
     ids = prompt.clone()
     for _ in range(steps):
@@ -95,11 +122,19 @@ def test_model_with_wna16_experts_matches_transformers(family, fmt, device):
     prompt = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(1)).to(device)
     steps = 32
     seq_ref = greedy(ref, prompt, steps)
-    with torch.no_grad():
-        lr = ref(seq_ref, use_cache=False).logits[0].double()
-        lm = mine(seq_ref, use_cache=False).logits[0].double()
+    lr, routes_ref = logits_and_routing(ref, seq_ref)
+    lm, routes_mine = logits_and_routing(mine, seq_ref)
+    assert routes_ref and sorted(routes_ref) == sorted(routes_mine), (sorted(routes_ref), sorted(routes_mine))
+    flipped = torch.zeros(seq_ref.shape[1], dtype=torch.bool)
+    for path, r in routes_ref.items():
+        flipped |= (r != routes_mine[path]).any(-1)
     err = ((lm - lr).norm(dim=-1) / lr.norm(dim=-1)).cpu()
-    assert float(err.max()) < 2e-2, f"{family} {fmt} {device}: logits relative error {float(err.max()):.3e} at position {int(err.argmax())}"
+    where = f"{family} {fmt} {device}"
+    assert int(flipped.sum()) <= seq_ref.shape[1] // 10, f"{where}: routing differs at positions {flipped.nonzero().flatten().tolist()}"
+    same = err.masked_fill(flipped, 0.0)
+    assert float(same.max()) < 2e-2, (f"{where}: logits relative error {float(same.max()):.3e} at position "
+                                      f"{int(same.argmax())} (same routing there; routing differs at "
+                                      f"{flipped.nonzero().flatten().tolist()})")
     seq_mine = greedy(mine, prompt, steps)
     top2 = lr.topk(2, dim=-1).values
     margin = (top2[:, 0] - top2[:, 1]).cpu()

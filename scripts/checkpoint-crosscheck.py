@@ -28,7 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"]
+ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "glm4_moe", "qwen3_next"]
 VARIANTS = [
     ("gptq 4-bit sym", ["--format", "gptq", "--bits", "4"]),
     ("gptq 4-bit desc_act", ["--format", "gptq", "--bits", "4", "--desc-act"]),
@@ -113,7 +113,8 @@ def dense_weights(tensors, qcfg):
 
 def moe_block_class(model_type):
     mod = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-    names = [n for n in dir(mod) if n.endswith("SparseMoeBlock") or n.lower().endswith("moe") and "Deepseek" in n]
+    # Mixtral / Qwen: ...SparseMoeBlock; DeepSeek-V2/V3, GLM-4.5: ...MoE (DeepseekV3MoE, Glm4MoeMoE).
+    names = [n for n in dir(mod) if n.endswith("SparseMoeBlock") or n.endswith("MoE")]
     names = [n for n in names if isinstance(getattr(mod, n), type)]
     if not names:
         raise RuntimeError(f"no MoE block class in {mod.__name__}")

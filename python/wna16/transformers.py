@@ -18,7 +18,7 @@ import torch
 
 from . import moe, pack
 
-__all__ = ["Wna16Experts", "replace_experts"]
+__all__ = ["Wna16Experts", "is_experts", "replace_experts"]
 
 # The three linears of an expert in checkpoint names: (gate, up, down); Mixtral's original names.
 _LINEAR_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
@@ -38,7 +38,7 @@ class Wna16Experts(torch.nn.Module):
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         ids = top_k_index.reshape(x.shape[0], -1)
-        wts = top_k_weights.reshape(x.shape[0], -1).to(torch.float32)
+        wts = top_k_weights.reshape(x.shape[0], -1)  # any float dtype: the op takes it as fp32
         return moe(x, ids, wts, self.weights).reshape(shape)
 
     def extra_repr(self):
@@ -63,7 +63,7 @@ def _quant_args(qc):
                      "(expected gptq or awq)")
 
 
-def _is_experts(module):
+def is_experts(module):
     """A transformers 5 routed-experts module: 3D gate_up_proj / down_proj parameters."""
     gu, dn = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     return isinstance(gu, torch.Tensor) and isinstance(dn, torch.Tensor) and gu.dim() == 3 and dn.dim() == 3
@@ -110,7 +110,7 @@ def replace_experts(model, tensors, quantization_config, *, device=None):
     top_k = None
     done = []
     for path, module in list(model.named_modules()):
-        if not _is_experts(module):
+        if not is_experts(module):
             continue
         top_k = top_k or _top_k(model)
         E, two_i, H = module.gate_up_proj.shape

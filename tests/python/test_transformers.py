@@ -56,7 +56,7 @@ def quantized_pair(family, fmt, device):
     tensors, modules = {}, []
     with torch.no_grad():
         for path, m in ref.named_modules():
-            if not (isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and m.gate_up_proj.dim() == 3):
+            if not wt.is_experts(m):
                 continue
             E, two_i, _ = m.gate_up_proj.shape
             inter = two_i // 2
@@ -93,8 +93,7 @@ def logits_and_routing(model, seq):
         return hook
 
     for path, m in model.named_modules():
-        if isinstance(m, wt.Wna16Experts) or (isinstance(getattr(m, "gate_up_proj", None), torch.Tensor)
-                                              and m.gate_up_proj.dim() == 3):
+        if isinstance(m, wt.Wna16Experts) or wt.is_experts(m):
             hooks.append(m.register_forward_pre_hook(grab(path), with_kwargs=True))
     try:
         with torch.no_grad():

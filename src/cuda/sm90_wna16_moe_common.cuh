@@ -232,6 +232,16 @@ struct TileMeta {
       z_hi = (Act<T>::kMagic | zh) * 0x10001u;
     }
   }
+  // Without a zeros table every row has the zero 2^(bits-1): its (magic + z) pair once per
+  // kernel (zero_pair of the default zero word), then only the scales per group (kZeroPair: not
+  // the int8 + bf16 fp32 path).
+  static constexpr bool kZeroPair = !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>);
+  static __device__ __forceinline__ uint32_t zero_pair(uint32_t zw) { return (Act<T>::kMagic | (zw & 0xffffu)) * 0x10001u; }
+  __device__ __forceinline__ void load_scales(uint32_t sw, uint32_t zpair) {
+    s_lo = Act<T>::scale2(sw & 0xffffu);
+    s_hi = Act<T>::scale2(sw >> 16);
+    z_lo = z_hi = zpair;
+  }
 };
 
 // Codes of MMA k-step j (words of this lane's chunk data) -> the 4 A-operand registers.

@@ -57,6 +57,8 @@
 #include <cuda.h>  // CUtensorMap (the tensor map is encoded through the runtime's driver entry point)
 #include <cudaTypedefs.h>
 
+#include <utility>  // the barrier-free k-loop unrolled over the ring (integer_sequence)
+
 #include "cuda/sm90_wna16_moe_common.cuh"
 
 namespace wna16::cuda::gemm {
@@ -139,6 +141,11 @@ __device__ __forceinline__ void mbar_wait_parity(uint32_t bar, uint32_t parity) 
         : "memory");
   } while (!done);
 }
+// v in a register the compiler cannot recompute it into (a volatile move).
+__device__ __forceinline__ uint32_t pinned(uint32_t v) {
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(v));
+  return v;
+}
 // Shared-memory loads at 32-bit addresses (volatile: they stay after the mbarrier wait).
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
   uint4 v;
@@ -218,6 +225,15 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   __shared__ float s_wt[BM];  // weighted sum: routing weight of each column
   __shared__ __align__(8) uint64_t s_full[STAGES];   // stage s's weights and scales have landed
   __shared__ __align__(8) uint64_t s_empty[STAGES];  // FREE: every thread is done reading stage s
+  // FREE: the item's copy sources and sizes, read by the issuing lanes only (in registers they
+  // would crowd the k-loop's working set in every thread).
+  struct FreeFill {
+    const uint4* w;              // the block's weight tiles of chunk 0
+    const uint32_t* meta[2];     // scales, zeros: the block's words of group 0
+    uint32_t wbytes, mbytes;     // weight bytes per chunk, meta bytes per group slot
+    int row0;                    // the m-block's first row in the token tensor map
+  };
+  __shared__ FreeFill s_ff;
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t smem_base = smem_addr(smem);
 
@@ -232,7 +248,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   // same row & 7, so the swizzled unit of its pairs (lane & 7) + 8c is the same in every row.
   const int xr0 = 4 * warp + (lane >> 3), xp8 = lane & 7;
   const uint32_t xsoff = uint32_t(xr0 * 128 + ((xp8 ^ (xr0 & 7)) << 4));
-  const uint32_t full0 = smem_addr(&s_full[0]), empty0 = smem_addr(&s_empty[0]);
+  uint32_t full0 = smem_addr(&s_full[0]), empty0 = smem_addr(&s_empty[0]);
+  if constexpr (FREE) full0 = pinned(full0), empty0 = pinned(empty0);
   static_assert(!FREE || C::BARRIER_FREE, "the barrier-free k-loop is the config's");
   if (tid == 0) {
     // Threads that arrive on a stage's s_full per fill: FREE: weights, token tile, scales and
@@ -246,8 +263,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   }
   __syncthreads();
   uint32_t phase = 0;  // barrier path: bit st: the parity of stage st's next fill
-  int cs_st = 0;        // FREE: stage and s_full parity of the next chunk (the ring runs on across items)
-  uint32_t cs_par = 0;
+  uint32_t full_par = 0, fill_par = 0;  // FREE: per-stage parities (the k-loop's comment)
   // Scale slots: lane tig's 16 k of a chunk use the group copied to slot tig & slot_mask (groups
   // of 64 k or more, or one group: slot 0; 32: slots 0 and 2; other multiples of 16: one per tig).
   const int slot_mask = (p.G == 1 || p.group_len % 64 == 0) ? 0 : (p.group_len % 32 == 0 ? 2 : 3);
@@ -258,11 +274,26 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   const uint32_t w_off = uint32_t(S::kXBytes + ntl0 * U * 512 + lane * 16);
   const uint32_t m_off = uint32_t(S::kXBytes + S::kWBytes + 4 * ((tig & slot_mask) * NTB * 8 + ntl0 * 8 + g));
   const bool issuer = lane == 0 && (wq != 3 || p.zeros);
+  // pinned(): kept in a register (ptxas otherwise recomputed them from the thread index and the
+  // shared window base in every chunk, ~15 instructions).
+  const uint32_t w_addr = FREE ? pinned(smem_base + w_off) : 0u, m_addr = FREE ? pinned(smem_base + m_off) : 0u;
+  const uint32_t desc_lo0 = sw128_desc_lo(smem_base);
+  const uint32_t zpair = TileMeta<T, BITS>::zero_pair(p.default_zero);  // FREE: without a zeros table
 
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
     const WorkItem it = decode_item(p, item, nb_count);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     __syncthreads();  // the previous item is done with s_src / s_slot and every stage buffer
+    if (FREE && tid == 0 && expert >= 0) {
+      const int mbase = int(int64_t(expert) * p.meta_stride + int64_t(nb) * NTB * 8);
+      const int nt = min(NTB, p.NT - nb * NTB);
+      s_ff.w = p.qweight + int64_t(expert) * p.qw_stride + int64_t(nb) * NTB * U * 32;
+      s_ff.meta[0] = p.scales + mbase;
+      s_ff.meta[1] = p.zeros ? p.zeros + mbase : nullptr;
+      s_ff.wbytes = uint32_t(nt * U * 32 * 16);
+      s_ff.mbytes = uint32_t(nt * 8 * 4);
+      s_ff.row0 = mb * BM;
+    }
     const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src, s_orow, s_wt);
     if (expert < 0 || nvalid == 0) continue;  // uniform across the block
     const int kc0 = split * p.kc_per_split;
@@ -340,64 +371,108 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
       // ---- the barrier-free k-loop: every byte of a stage arrives by the copy engine (the async
       // proxy, which wgmma reads through), so no cp.async wait, proxy fence or block barrier: a
       // chunk is waited for on s_full, and every thread frees its stage on s_empty once its
-      // wgmmas are done (the two warpgroups drift apart freely). The ring runs on across items:
-      // chunk kt is in stage cs_st with s_full parity cs_par. ----
-      // This warp's share of chunk kc's fill into stage fst (parity fpar): lane 0 of warp 0 / 1 /
-      // 2 / 3 of warpgroup kc & 1 copies the weights / token tile / scales / zeros (its wgmmas
-      // wait for the slowest warp: one thread issuing all took 9-16% longer at 32-64 tokens per
-      // expert, 2026-12-02, H200) once every thread has freed the stage's previous fill (s_empty;
-      // a fresh mbarrier reports parity 1 complete, so a stage's first fill passes at once).
-      auto fill = [&](int kc, int d) {
-        if (wg != (kc & 1) || !issuer) return;
-        int fst = cs_st + d;
-        uint32_t fpar = cs_par;
-        if (fst >= STAGES) fst -= STAGES, fpar ^= 1u;
-        const uint32_t bar = full0 + 8 * fst, sbase = smem_base + uint32_t(fst * S::kStage);
-        mbar_wait_parity(empty0 + 8 * fst, fpar ^ 1u);
-        // The threads' reads of the stage (weights and scales by ld.shared: the generic proxy)
-        // before this copy's writes (the async proxy).
-        fence_proxy_async_smem();
-        if (wq == 0) {
-          mbar_arrive_expect_tx(bar, wbytes);
-          bulk_copy_g2s(sbase + S::kXBytes, wexp + int64_t(kc) * wstride, wbytes, bar);
-        } else if (wq == 1) {
-          mbar_arrive_expect_tx(bar, uint32_t(BM * 128));
-          tma_tile_g2s(sbase, &x_map, kc * 64, mb * BM, bar);
-        } else {
-          mbar_arrive_expect_tx(bar, nslots * mbytes);
-          copy_meta(kc, wq == 2 ? p.scales : p.zeros, sbase + S::kXBytes + S::kWBytes + (wq == 3 ? uint32_t(S::kMetaBytes) : 0u),
-                    bar);
+      // wgmmas are done (the two warpgroups drift apart freely). Chunk kt of an item is in stage
+      // kt % STAGES and the loop is unrolled over the ring, so every stage offset, barrier address
+      // and fill assignment is a constant of its copy of the chunk code (a stage index at run time
+      // cost about 40 of the ~290 instructions per chunk in address arithmetic and
+      // rematerialisation, ncu 2026-12-02). Bit st of full_par / fill_par: the parity of stage
+      // st's next s_full completion / of its next fill's s_empty wait (a fresh mbarrier reports
+      // parity 1 complete, so a stage's first fill passes at once).
+      // Stage fs's fill with chunk kc: lane 0 of warp 0 / 1 / 2 / 3 of warpgroup fs & 1 copies the
+      // weights / token tile / scales / zeros (its wgmmas wait for the slowest warp: one thread
+      // issuing all took 9-16% longer at 32-64 tokens per expert, 2026-12-02, H200) once every
+      // thread has freed the stage's previous fill (s_empty).
+      auto fill = [&](auto fsc, int kc) {
+        constexpr int fs = decltype(fsc)::value;
+        if (wg == (fs & 1) && issuer) {
+          const uint32_t bar = full0 + 8 * fs, sbase = smem_base + uint32_t(fs * S::kStage);
+          mbar_wait_parity(empty0 + 8 * fs, ((fill_par >> fs) & 1u) ^ 1u);
+          // The threads' reads of the stage (weights and scales by ld.shared: the generic proxy)
+          // before this copy's writes (the async proxy).
+          fence_proxy_async_smem();
+          if (wq == 0) {
+            const uint32_t wb = s_ff.wbytes;
+            mbar_arrive_expect_tx(bar, wb);
+            bulk_copy_g2s(sbase + S::kXBytes, s_ff.w + int64_t(kc) * (int64_t(p.NT) * U * 32), wb, bar);
+          } else if (wq == 1) {
+            mbar_arrive_expect_tx(bar, uint32_t(BM * 128));
+            tma_tile_g2s(sbase, &x_map, kc * 64, s_ff.row0, bar);
+          } else {
+            // Scales (wq 2) or zeros (wq 3) of the chunk's groups: per group slot, the block's
+            // tiles x 8 contiguous words, one bulk copy each.
+            const uint32_t* src = s_ff.meta[wq - 2];
+            const uint32_t mb_ = s_ff.mbytes, dst0 = sbase + S::kXBytes + S::kWBytes + uint32_t((wq - 2) * S::kMetaBytes);
+            const int mstride = p.NT * 8;
+            auto grp_of = [&](int k) { return p.G == 1 ? 0 : (p.group_shift >= 0 ? k >> p.group_shift : k / p.group_len); };
+            if (slot_mask == 0) {
+              mbar_arrive_expect_tx(bar, mb_);
+              bulk_copy_g2s(dst0, src + grp_of(kc * 64) * mstride, mb_, bar);
+            } else {
+              mbar_arrive_expect_tx(bar, nslots * mb_);
+              for (int slot = 0; slot < 4; ++slot)
+                if ((slot & slot_mask) == slot)
+                  bulk_copy_g2s(dst0 + uint32_t(slot * NTB * 8 * 4), src + grp_of(kc * 64 + slot * 16) * mstride, mb_, bar);
+            }
+          }
         }
+        fill_par ^= 1u << fs;
       };
-      for (int s = 0; s < PF && s < nk; ++s) fill(kc0 + s, s);
-      int st_prev = 0;  // stage of chunk kt - 1
-      for (int kt = 0; kt < nk; ++kt) {
-        if (kt + PF < nk) fill(kc0 + kt + PF, PF);
-        mbar_wait_parity(full0 + 8 * cs_st, cs_par);  // the chunk's weights, tokens and scales
-        const uint32_t sa = smem_base + uint32_t(cs_st * S::kStage);
-        if (wg_active) {
+      [&]<int... I>(std::integer_sequence<int, I...>) {
+        ((I < nk ? fill(std::integral_constant<int, I>{}, kc0 + I) : void()), ...);
+      }(std::make_integer_sequence<int, PF>{});
+      int kt = 0;
+      // Chunk kt in stage st; false once the item has no chunk kt. A warpgroup without tiles in
+      // the block (a last n-block of 8 tiles) reads nothing but frees each stage once it was
+      // filled (an early arrival would count toward the stage's previous fill).
+      auto chunk = [&](auto stc, auto activec) -> bool {
+        constexpr int st = decltype(stc)::value;
+        constexpr bool active = decltype(activec)::value;
+        if (kt >= nk) return false;
+        if (kt + PF < nk) fill(std::integral_constant<int, (st + PF) % STAGES>{}, kc0 + kt + PF);
+        mbar_wait_parity(full0 + 8 * st, (full_par >> st) & 1u);  // the chunk's weights, tokens and scales
+        full_par ^= 1u << st;
+        if constexpr (!active) {
+          mbar_arrive(empty0 + 8 * st);
+        } else {
+          constexpr uint32_t so = uint32_t(st * S::kStage);
           uint32_t wv[2][4 * U];
 #pragma unroll
           for (int i = 0; i < 2; ++i)
 #pragma unroll
-            for (int u = 0; u < U; ++u) put_words(&wv[i][4 * u], lds128(sa + w_off + uint32_t((i * U + u) * 512)));
+            for (int u = 0; u < U; ++u) put_words(&wv[i][4 * u], lds128(w_addr + so + uint32_t((i * U + u) * 512)));
           if (kt == 0 || slot_mask != 0 || gpos == 0) {  // a new group: its scales (and zeros)
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
-              meta[i].load(lds32(sa + m_off + 32 * i), p.zeros ? lds32(sa + m_off + S::kMetaBytes + 32 * i) : p.default_zero);
+            for (int i = 0; i < 2; ++i) {
+              if constexpr (TileMeta<T, BITS>::kZeroPair) {
+                if (!p.zeros) {
+                  meta[i].load_scales(lds32(m_addr + so + 32 * i), zpair);
+                  continue;
+                }
+              }
+              meta[i].load(lds32(m_addr + so + 32 * i), p.zeros ? lds32(m_addr + so + S::kMetaBytes + 32 * i) : p.default_zero);
+            }
           }
-          mma_chunk(wv, sw128_desc_lo(sa), kt > 0 ? empty0 + 8 * st_prev : 0u);
-        } else {
-          // Reads nothing, but frees the stage only after it was filled (an early arrival would
-          // count toward the stage's previous fill).
-          mbar_arrive(empty0 + 8 * cs_st);
+          // The previous chunk's stage is freed inside (its wgmmas are done by k-step 1); an
+          // item's first chunk has none (the last item freed its own at its end).
+          mma_chunk(wv, desc_lo0 + (so >> 4), kt > 0 ? empty0 + 8 * ((st + STAGES - 1) % STAGES) : 0u);
+          if (++gpos == cpg) gpos = 0;
         }
-        if (++gpos == cpg) gpos = 0;
-        st_prev = cs_st;
-        if (++cs_st == STAGES) cs_st = 0, cs_par ^= 1u;
+        ++kt;
+        return true;
+      };
+      auto ring = [&](auto activec) {
+        while ([&]<int... I>(std::integer_sequence<int, I...>) {
+          return (chunk(std::integral_constant<int, I>{}, activec) && ...);
+        }(std::make_integer_sequence<int, STAGES>{})) {
+        }
+      };
+      if (!wg_active) {
+        ring(std::false_type{});
+        continue;  // no accumulators, no epilogue
       }
+      ring(std::true_type{});
       wgmma_wait<0>();
-      if (wg_active) mbar_arrive(empty0 + 8 * st_prev);  // the last chunk's stage
+      mbar_arrive(empty0 + 8 * ((nk - 1) % STAGES));  // the last chunk's stage
     } else {
       // ---- the k-loop with a block barrier per chunk: it orders the tokens' cp.async copies (if
       // any) and the stage refills (one thread issues every bulk copy) ----

@@ -32,19 +32,18 @@ struct ConfigRow {
 };
 constexpr double kAny = 1e300, kNever = -1.0;
 constexpr ConfigRow kConfigs[] = {
-    // Decode kernel up to 20 tokens per expert: beyond 8 an expert's m-blocks stream the same
-    // weights and L2 shares them. Against m64 (2026-12-02, 8a57ee7, us m8 / m64): 16-17 per expert
-    // m8 faster (DeepSeek-V3 M=512 4130 / 4972, Mixtral M=64 487 / 666, Qwen3-30B-A3B M=256 228 /
-    // 325, Qwen1.5-MoE M=256 336 / 380); 24 level (DeepSeek-V2-Lite M=256 342 / 336); 32-34 m64
-    // faster (DeepSeek-V3 M=1024 7819 / 5650, Mixtral M=128 931 / 779, Qwen3 M=512 402 / 350,
-    // Qwen1.5 M=512 626 / 469). With its own act-order gather (the staged kernels' perm path) up
-    // to 8 (one m-block per expert).
-    {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, false, 20.0, 8.0},
+    // Decode kernel up to 14 tokens per expert: beyond 8 an expert's m-blocks stream the same
+    // weights and L2 shares them. Against m64w (2026-12-02, 3cd5918, H200, us m8 / m64w): 12 per
+    // expert m8 faster (DeepSeek-V2-Lite M=128 211 / 227); 16 level (Qwen3-30B-A3B M=256 231 /
+    // 234); 16-17 m64w faster (Mixtral M=64 501 / 416, DeepSeek-V3 M=512 4384 / 3018, Qwen1.5-MoE
+    // M=256 346 / 259). With its own act-order gather (the staged kernels' perm path) up to 8 (one
+    // m-block per expert).
+    {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, false, 14.0, 8.0},
     // Staged kernel, 32-token blocks: act-order layers that keep their own gather, 9-40 per expert.
     {"m32", gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N, true, false, false, kNever, 40.0},
     // Staged kernel, 64-token blocks: act-order with its own gather above 40 per expert.
     {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, false, kNever, kAny},
-    // The wgmma kernel with 64-token blocks, two per SM: 21-64 per expert. Against the staged m64
+    // The wgmma kernel with 64-token blocks, two per SM: 15-128 per expert. Against the staged m64
     // and m144w (2026-12-02, 14fd75e, us m64 / m64w / m144w): DeepSeek-V3 M=1024 (32 per expert)
     // 5651 / 5064 / 6998, Mixtral M=128 (32) 772 / 766 / 903, Qwen3-30B-A3B M=512 (32) 348 / 326 /
     // 449, DeepSeek-V2-Lite M=256 (24) 334 / 329 / 439 and M=512 (48) 430 / 381 / 490; at 64 per
@@ -52,10 +51,13 @@ constexpr ConfigRow kConfigs[] = {
     // GEMM1's x in m-block order (the barrier-free k-loop in both GEMMs, CfgM64W::BARRIER_FREE):
     // DeepSeek-V3 M=1024 5040 -> 4594 us, Mixtral M=128 758 -> 638, M=256 1040 -> 939 (2026-12-02,
     // f3253ca + the change, H200, two rounds).
-    {"m64w", gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 64.0, kNever},
-    // The wgmma kernel with 144-token blocks (one per SM) above 64 per expert: Qwen1.5-MoE M=1024
-    // (68) 671 / 647 us (m64w / m144w), DeepSeek-V2-Lite M=1024 (96) 670 / 585, Mixtral M=512 (128)
-    // 1698 / 1258 (2026-12-02, 14fd75e). No act-order gather.
+    // With the k-loop unrolled over the ring (3cd5918, H200, us m64w / m144w) m64w is faster to 128
+    // per expert: DeepSeek-V3 M=2048 (64) 5637 / 7953, Qwen1.5-MoE M=1024 (68) 504 / 657,
+    // DeepSeek-V2-Lite M=1024 (96) 495 / 583, Mixtral M=512 (128) 1144 / 1256, Qwen3-30B-A3B
+    // M=2048 (128) 648 / 662.
+    {"m64w", gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 128.0, kNever},
+    // The wgmma kernel with 144-token blocks (one per SM) above 128 per expert. No act-order
+    // gather.
     {"m144w", gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever},
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));

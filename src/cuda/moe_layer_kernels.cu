@@ -486,18 +486,24 @@ __device__ __forceinline__ void split_bf16(float v, float& p0, float& p1, float&
 template <class T, class R>
 __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __restrict__ x, int M, int H,
                                                                  const R* __restrict__ router, int E, int E_ext,
-                                                                 float* __restrict__ logits, float* __restrict__ gate_logit,
+                                                                 int k_per_split, float* __restrict__ logits,
+                                                                 float* __restrict__ gate_logit,
                                                                  float4* __restrict__ zero, int64_t zero_n4) {
   constexpr bool kF16 = std::is_same_v<T, __half>;
   constexpr int XP = kF16 ? 2 : 1;                       // pieces of x
   constexpr int RP = std::is_same_v<R, float> ? 3 : 1;  // pieces of the router (a bf16 router is one)
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // see router_small_kernel
   zero_fill(zero, zero_n4);
-  __shared__ __align__(16) __nv_bfloat16 xs[XP][kMmaTM][kMmaPitch];
-  __shared__ __align__(16) __nv_bfloat16 rs[RP][kMmaTE][kMmaPitch];
+  // The operand tiles, and after the k loop the CTA's partial tile when H is split (grid z).
+  constexpr int kOpBytes = (XP * kMmaTM + RP * kMmaTE) * kMmaPitch * 2;
+  constexpr int kPartBytes = kMmaTM * kMmaTE * 4;
+  __shared__ __align__(16) unsigned char smem[kOpBytes > kPartBytes ? kOpBytes : kPartBytes];
+  auto& xs = *reinterpret_cast<__nv_bfloat16 (*)[XP][kMmaTM][kMmaPitch]>(smem);
+  auto& rs = *reinterpret_cast<__nv_bfloat16 (*)[RP][kMmaTE][kMmaPitch]>(smem + XP * kMmaTM * kMmaPitch * 2);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m0 = blockIdx.y * kMmaTM, e0 = blockIdx.x * kMmaTE;
+  const int k_begin = blockIdx.z * k_per_split, k_end = min(H, k_begin + k_per_split);
   // Loader: thread tid copies 16 k of row tid / 2 (tokens and experts), k offset 16 * (tid & 1).
   const int lr = tid >> 1, lk = 16 * (tid & 1);
   const bool x_ok = m0 + lr < M, r_ok = e0 + lr < E_ext;
@@ -505,8 +511,8 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
   const R* rrow = router + int64_t(r_ok ? e0 + lr : 0) * H + lk;
   uint4 xv[2];
   float4 rv[4];
-  auto load = [&](int k0) {  // the k-tile at k0 into registers (zeros past M, E_ext, H)
-    const bool kx = k0 + lk < H;  // H is a multiple of 16 on this path
+  auto load = [&](int k0) {  // the k-tile at k0 into registers (zeros past M, E_ext, the split's end)
+    const bool kx = k0 + lk < k_end;  // H and the split bounds are multiples of 16 on this path
 #pragma unroll
     for (int i = 0; i < 2; ++i)
       xv[i] = x_ok && kx ? __ldg(reinterpret_cast<const uint4*>(xrow + k0) + i) : make_uint4(0, 0, 0, 0);
@@ -555,12 +561,12 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
   auto mma = gemm::Act<__nv_bfloat16>::mma;  // the GEMM kernels' bf16 m16n8k16, fp32 accumulate
   const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
   float acc[2][4][4] = {};
-  load(0);
-  for (int k0 = 0; k0 < H; k0 += kMmaTK) {
+  load(k_begin);
+  for (int k0 = k_begin; k0 < k_end; k0 += kMmaTK) {
     __syncthreads();  // the previous tile's fragments are read
     store();
     __syncthreads();
-    if (k0 + kMmaTK < H) load(k0 + kMmaTK);
+    if (k0 + kMmaTK < k_end) load(k0 + kMmaTK);
 #pragma unroll
     for (int kk = 0; kk < kMmaTK; kk += 16) {
       auto w32 = [](const __nv_bfloat16* q) { return *reinterpret_cast<const uint32_t*>(q); };
@@ -602,17 +608,41 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
     }
   }
   // C fragment: rows (tokens) g, g + 8 of each 16; columns (experts) 2t, 2t + 1 of each 8.
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int KS = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  auto put = [&](int m, int e, float v) {
+    if (m >= M || e >= E_ext) return;
+    if (e < E) logits[int64_t(m) * E + e] = v;
+    else gate_logit[m] = v;
+  };
+  if (KS == 1) {
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          put(m0 + wm + 16 * mi + g + 8 * (r >> 1), e0 + wn + 8 * ni + 2 * t + (r & 1), acc[mi][ni][r]);
+    return;
+  }
+  // H split over the KS CTAs of a cluster: the partial tiles meet in distributed shared memory and
+  // are added in rank order (deterministic), CTA `rank` summing outputs rank, rank + KS*threads, ...
+  float* part = reinterpret_cast<float*>(smem);
+  __syncthreads();  // every warp is done reading the operand tiles
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
     for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int m = m0 + wm + 16 * mi + g + 8 * (r >> 1), e = e0 + wn + 8 * ni + 2 * t + (r & 1);
-        if (m >= M || e >= E_ext) continue;
-        if (e < E) logits[int64_t(m) * E + e] = acc[mi][ni][r];
-        else gate_logit[m] = acc[mi][ni][r];
-      }
+      for (int r = 0; r < 4; ++r)
+        part[(wm + 16 * mi + g + 8 * (r >> 1)) * kMmaTE + wn + 8 * ni + 2 * t + (r & 1)] = acc[mi][ni][r];
+  cluster.sync();
+  for (int o = rank * kMmaThreads + tid; o < kMmaTM * kMmaTE; o += KS * kMmaThreads) {
+    float v = 0.f;
+    for (int q = 0; q < KS; ++q) v += *cluster.map_shared_rank(part + o, q);
+    put(m0 + o / kMmaTE, e0 + o % kMmaTE, v);
+  }
+  cluster.sync();  // a CTA's shared memory must outlive the other CTAs' reads of it
 }
 
 // The tiled router: 16-expert tiles for E_ext <= 16, else 64; H split over KS <= 8 CTAs (one
@@ -688,13 +718,27 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
       }
     }
     // Many tokens and experts: tensor cores (DeepSeek-V3 M=4096: 15 GFLOP that the fp32 tiled
-    // kernel took 0.74 ms for). Needs 16-byte x rows; few tiles would leave SMs idle (tiled + split).
+    // kernel took 0.74 ms for; M=1024 265 us there, 2026-12-02 ncu). Needs 16-byte x rows. H is
+    // split over a cluster of KS <= 8 CTAs until the tiles x KS cover the SMs (>= 8 k-tiles each).
     const int64_t mma_tiles = int64_t((E_ext + kMmaTE - 1) / kMmaTE) * ((M + kMmaTM - 1) / kMmaTM);
     if (M > kSmallMaxM && E_ext >= 32 && H % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-        reinterpret_cast<uintptr_t>(router) % 16 == 0 && mma_tiles >= sm_count() && (M + kMmaTM - 1) / kMmaTM <= 65535) {
-      const dim3 grid(unsigned((E_ext + kMmaTE - 1) / kMmaTE), unsigned((M + kMmaTM - 1) / kMmaTM));
-      router_mma_kernel<T, R><<<grid, kMmaThreads, 0, s>>>(xt, int(M), int(H), rw, E, E_ext, logits, gate_logit,
-                                                           reinterpret_cast<float4*>(zero), zero_n / 4);
+        reinterpret_cast<uintptr_t>(router) % 16 == 0 && (M + kMmaTM - 1) / kMmaTM <= 65535) {
+      int KS = int(std::clamp<int64_t>((sm_count() + mma_tiles - 1) / mma_tiles, 1, kTileMaxSplit));
+      KS = int(std::min<int64_t>(KS, std::max<int64_t>(1, H / (8 * kMmaTK))));
+      const int k_per_split = int((H + KS * kMmaTK - 1) / (KS * kMmaTK) * kMmaTK);
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 1;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = unsigned(KS);
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned((E_ext + kMmaTE - 1) / kMmaTE), unsigned((M + kMmaTM - 1) / kMmaTM), unsigned(KS));
+      cfg.blockDim = dim3(kMmaThreads);
+      cfg.stream = s;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, router_mma_kernel<T, R>, xt, int(M), int(H), rw, E, E_ext, k_per_split,
+                                          logits, gate_logit, reinterpret_cast<float4*>(zero), zero_n / 4));
       return;
     }
     if (M <= kSmallMaxM) {

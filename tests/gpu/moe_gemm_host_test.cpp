@@ -22,11 +22,11 @@ namespace {
 TEST(MoeGemm, PrefillRefusesActOrder) {
   const int config = config_named("m144w");
   ASSERT_GE(config, 0);
-  EXPECT_EQ(choose_gemm_config(4096, 8, 256, false), config);  // DeepSeek-V3 prefill: ~128 per expert
-  EXPECT_EQ(choose_gemm_config(512, 2, 8, false), config);     // Mixtral: 128 per expert
-  EXPECT_NE(choose_gemm_config(256, 2, 8, false), config);     // 64 per expert, the bound: m64w
+  EXPECT_EQ(choose_gemm_config(8192, 8, 256, false), config);  // DeepSeek-V3 prefill: ~256 per expert
+  EXPECT_EQ(choose_gemm_config(1024, 2, 8, false), config);     // Mixtral: 256 per expert
+  EXPECT_NE(choose_gemm_config(512, 2, 8, false), config);      // 128 per expert, the bound: m64w
   EXPECT_FALSE(gemm_config_gathers(config));
-  EXPECT_NE(choose_gemm_config(4096, 8, 256, true), config);
+  EXPECT_NE(choose_gemm_config(8192, 8, 256, true), config);
   int dummy = 0;
   DeviceGemm d = tiny_host_gemm(&dummy);
   d.perm = &dummy;
@@ -38,15 +38,16 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
   }
 }
 
-// The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 20 without
+// The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 14 without
 // act-order (several m-blocks per expert beyond 8), the staged m32 kernel for act-order with its own
-// gather up to 40 and m64 above; without it the wgmma kernel, m64w from 21 to 64, m144w above.
+// gather up to 40 and m64 above; without it the wgmma kernel, m64w from 15 to 128, m144w above.
 TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
   const int m8 = config_named("m8"), m32 = config_named("m32"), m64 = config_named("m64"),
             m64w = config_named("m64w"), m144w = config_named("m144w");
   EXPECT_EQ(choose_gemm_config(1, 2, 8, false), m8);
-  EXPECT_EQ(choose_gemm_config(64, 2, 8, false), m8);    // Mixtral: 16 per expert
-  EXPECT_EQ(choose_gemm_config(512, 8, 256, false), m8);   // DeepSeek-V3: 16 per expert
+  EXPECT_EQ(choose_gemm_config(48, 2, 8, false), m8);       // Mixtral: 12 per expert
+  EXPECT_EQ(choose_gemm_config(64, 2, 8, false), m64w);     // Mixtral: 16 per expert
+  EXPECT_EQ(choose_gemm_config(512, 8, 256, false), m64w);  // DeepSeek-V3: 16 per expert
   EXPECT_EQ(choose_gemm_config(1024, 8, 256, false), m64w);  // DeepSeek-V3: 32 per expert
   EXPECT_EQ(choose_gemm_config(64, 2, 8, true), m32);
   EXPECT_NE(choose_gemm_config(256, 2, 8, false), m8);   // Mixtral: 64 per expert
@@ -54,12 +55,12 @@ TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
   for (bool gather : {false, true}) {
     EXPECT_EQ(choose_gemm_config(8, 1, 1, gather), m8);
     EXPECT_EQ(choose_gemm_config(9, 1, 1, gather), gather ? m32 : m8);
-    EXPECT_EQ(choose_gemm_config(20, 1, 1, gather), gather ? m32 : m8);
-    EXPECT_EQ(choose_gemm_config(21, 1, 1, gather), gather ? m32 : m64w);
+    EXPECT_EQ(choose_gemm_config(14, 1, 1, gather), gather ? m32 : m8);
+    EXPECT_EQ(choose_gemm_config(15, 1, 1, gather), gather ? m32 : m64w);
     EXPECT_EQ(choose_gemm_config(40, 1, 1, gather), gather ? m32 : m64w);
     EXPECT_EQ(choose_gemm_config(41, 1, 1, gather), gather ? m64 : m64w);
-    EXPECT_EQ(choose_gemm_config(64, 1, 1, gather), gather ? m64 : m64w);
-    EXPECT_EQ(choose_gemm_config(65, 1, 1, gather), gather ? m64 : m144w);
+    EXPECT_EQ(choose_gemm_config(128, 1, 1, gather), gather ? m64 : m64w);
+    EXPECT_EQ(choose_gemm_config(129, 1, 1, gather), gather ? m64 : m144w);
     EXPECT_EQ(choose_gemm_config(100000, 1, 1, gather), gather ? m64 : m144w);
   }
   for (int c = 0; c < gemm_config_count(); ++c) EXPECT_EQ(config_named(gemm_config_name(c)), c);

@@ -29,7 +29,7 @@ namespace {
 // ---- router logits -------------------------------------------------------------------------------
 // x [M, H] (bf16 / f16) times the fp32 router [E_ext, H] transposed, against a float64 dot product
 // of the same rounded inputs, for every router kernel (one row per block, H split over a cluster,
-// tiled with split H; narrow and wide tiles; tensor cores at many tokens x experts); the gate row
+// tiled with split H; narrow and wide tiles; tensor cores at many tokens x experts, with split H); the gate row
 // (E_ext = E + 1) lands in gate_logit; the accumulator is zeroed; a second launch is bitwise equal
 // (the split sums are added in a fixed order). bf16_values: the router's values are exact in bf16
 // (as real checkpoints store it), and the router stored in bf16 gives bitwise the logits of the same
@@ -116,9 +116,10 @@ TEST(RouterLogitsGpu, MatchFloat64AndAreDeterministic) {
       {{1, 256, 256, 7168, DType::BF16}, {8, 8, 8, 4096, DType::F16}, {33, 60, 61, 2048, DType::BF16},
        {64, 256, 256, 7168, DType::BF16}, {65, 8, 8, 4096, DType::BF16}, {118, 60, 61, 2048, DType::F16},
        {256, 8, 8, 4096, DType::BF16}, {256, 256, 256, 7168, DType::F16}, {300, 16, 17, 1004, DType::BF16},
-       {517, 16, 16, 1004, DType::F16}, {1024, 64, 64, 2048, DType::BF16}, {40, 3, 4, 100, DType::BF16}},
+       {517, 16, 16, 1004, DType::F16}, {1024, 64, 64, 2048, DType::BF16}, {40, 3, 4, 100, DType::BF16},
+       {640, 256, 257, 2336, DType::BF16}},  // tensor cores, H split 3 ways unevenly (800, 800, 736)
       {{1, 256, 256, 1024, DType::BF16}, {8, 8, 8, 1024, DType::F16}, {33, 60, 61, 512, DType::BF16},
-       {64, 256, 256, 512, DType::BF16}, {65, 8, 8, 512, DType::BF16}, {118, 60, 61, 256, DType::F16},
+       {64, 256, 256, 512, DType::BF16}, {65, 8, 8, 512, DType::BF16}, {118, 60, 61, 768, DType::F16},
        {300, 16, 17, 1004, DType::BF16}, {40, 3, 4, 100, DType::BF16}}));
 }
 

@@ -65,13 +65,12 @@ struct CfgM144W {
   static constexpr int NTB = 16;       // 16-row weight tiles per block
   static constexpr int BLOCK_N = NTB * 16;
   static constexpr int stages(int bits) { return bits == 4 ? 6 : 5; }  // chunks in the ring
-  // The wgmma width follows the m-block's tokens (16-column steps; 65-144 tokens vary widely).
-  static constexpr bool FULL_WIDTH = false;
-  // A block barrier per chunk, one thread issuing the copies, scales converted every chunk, GEMM1's
-  // x in token rows: m64w's way (BARRIER_FREE, x in m-block order) measured 3-10% slower on
-  // m144w's rows of Qwen3-30B-A3B, DeepSeek-V2-Lite and Qwen1.5-MoE at 1024-4096 tokens and +3% at
-  // DeepSeek-V3 M=4096, 2-3% faster on Mixtral's (2026-12-02, H200).
-  static constexpr bool BARRIER_FREE = false;
+  // Always 144 token columns and m64w's barrier-free k-loop unrolled over the ring, GEMM1's x in
+  // m-block order: against the width-per-m-block barrier loop 18-21% faster at 4096 and 8192 tokens
+  // (H200, 2026-12-02, us barrier / this: DeepSeek-V3 M=8192 17557 / 14414, Mixtral M=4096 6666 /
+  // 5244, Qwen3-30B-A3B M=4096 1026 / 865, DeepSeek-V2-Lite M=4096 1608 / 1319, Qwen1.5-MoE M=4096
+  // 1575 / 1299). The width switch inside that loop made ptxas serialise the wgmmas (C7520).
+  static constexpr bool BARRIER_FREE = true;
 };
 struct CfgM64W {
   static constexpr const char* NAME = "m64w";
@@ -83,10 +82,12 @@ struct CfgM64W {
   static constexpr int BLOCK_N = NTB * 16;
   // Two blocks of 5 int4 stages (20 KB each) share an SM's 228 KB; int8 stages (28 KB) fit one.
   static constexpr int stages(int bits) { return bits == 4 ? 5 : 6; }
-  // Always 64 token columns: no width branch per k-step (ptxas serialised the wgmmas of per-width
-  // k-loops, and the branch with its descriptor moves was ~45 of ~400 instructions per chunk),
-  // spills 84/292 -> 8/8 bytes; the padding columns cost tensor time the issue-bound loop spares.
-  static constexpr bool FULL_WIDTH = true;
+  // Always 64 token columns (both wgmma configs run their full width): no width branch per k-step
+  // (ptxas serialised the wgmmas of per-width k-loops, and the branch with its descriptor moves was
+  // ~45 of ~400 instructions per chunk). A 32-column k-loop for m-blocks of at most 32 tokens,
+  // beside the 64-column one in the barrier-free kernel, was tried (2026-12-02): a second
+  // unrolled ring spilled 156 bytes inside the loop, a width branch per k-step ran out of
+  // registers (C7511), separate zeroing per width still serialised (C7515).
   // With the token tiles by tensor copies (GemmRun::x_by_position / GEMM2's intermediate): the
   // k-loop without block barriers (s_full / s_empty mbarriers per stage), the copies issued by the
   // four warps of one warpgroup, scales converted once per group (sm90_wna16_moe_prefill.cuh).

@@ -11,10 +11,9 @@
 // A (64 weight rows = 4 tiles, one per warp) comes from registers, dequantised per weight by each
 // lane exactly as the staged kernel's mma.sync A fragments (TileMeta / dequant: the wgmma A fragment
 // of warp q is the mma.m16n8k16 A fragment of rows 16q..16q+15); B = the block's tokens (K-major,
-// from shared memory). N = the valid tokens of the m-block rounded up to 16 (valid tokens are a
-// prefix of the m-block), so a block with few tokens does little padding work; m64w always runs
-// N = 64 (CfgM64W::FULL_WIDTH). fp32 accumulators:
-// [2 tiles][N/2 <= 72] per thread.
+// from shared memory). N = BLOCK_M, whatever the m-block's valid tokens (a width per m-block made
+// ptxas serialise the wgmmas of the barrier-free loop; sm90_wna16_moe_common.cuh). fp32
+// accumulators: [2 tiles][N/2 <= 72] per thread.
 // Why 144 tokens, not 128: every m-block dequantises its expert's weights again, and that work,
 // not the MMAs, bounds the kernel. Routed experts at prefill get n ~ Binomial(M, topk / E) tokens;
 // at DeepSeek-V3 M=4096 that is 128 +- 11, so 128-token blocks need E[ceil(n / 128)] = 1.48 blocks
@@ -49,10 +48,12 @@
 // wgmma.wait_group 0 (the previous chunk's wgmmas are done with the A registers), dequantise the
 // chunk (2 tiles x 4 k-steps x 4 registers), fence, 8 wgmmas, commit. The two warpgroups drift into
 // a ping-pong: one dequantises while the other's wgmmas run.
-// m64w with its token tiles by tensor copies runs the barrier-free schedule instead (FREE, its own
-// instantiation): per-stage s_full / s_empty mbarriers, a ring that runs on across items, the
-// copies split over four issuing lanes, shared loads at 32-bit addresses; every per-chunk
-// instruction outside the dequantisation and the wgmmas counts there (the kernel is issue-bound).
+// With the token tiles by tensor copies (GEMM1's x in m-block order, GEMM2's intermediate) both
+// configs run the barrier-free schedule instead (FREE, its own instantiation): per-stage s_full /
+// s_empty mbarriers, the k-loop unrolled over the ring (stage offsets and barrier addresses are
+// constants), the copies split over four issuing lanes, shared loads at 32-bit addresses; every
+// per-chunk instruction outside the dequantisation and the wgmmas counts there (the kernel is
+// issue-bound).
 #pragma once
 #include <cuda.h>  // CUtensorMap (the tensor map is encoded through the runtime's driver entry point)
 #include <cudaTypedefs.h>
@@ -183,26 +184,6 @@ __device__ __forceinline__ void prefill_mma_step(float (&acc)[2][ACC], const uin
   WgmmaRS<T, 16 * NSEL, ACC>::run(acc[1], a[1], desc);
 #endif
 }
-// The k-step with the token width of the m-block (nsel sixteen-column groups, 1..BM / 16): every
-// case holds a whole fence / 2 wgmmas / commit (see the NOTE in the kernel).
-template <int BM, class T, int ACC>
-__device__ __forceinline__ void prefill_mma_step_n(int nsel, float (&acc)[2][ACC], const uint32_t (&a)[2][4], uint64_t desc) {
-  static_assert(BM / 16 >= 2 && BM / 16 <= 9, "the token-width switch covers 1..9 sixteen-column groups");
-  // Full m-blocks (most of them at large M) first: one compare instead of the switch's.
-  if (nsel >= BM / 16) {
-    wgmma_fence(); prefill_mma_step<BM / 16, T>(acc, a, desc); wgmma_commit();
-  } else switch (nsel) {
-    case 1: wgmma_fence(); prefill_mma_step<1, T>(acc, a, desc); wgmma_commit(); break;
-    case 2: if constexpr (BM / 16 > 2) { wgmma_fence(); prefill_mma_step<2, T>(acc, a, desc); wgmma_commit(); } break;
-    case 3: if constexpr (BM / 16 > 3) { wgmma_fence(); prefill_mma_step<3, T>(acc, a, desc); wgmma_commit(); } break;
-    case 4: if constexpr (BM / 16 > 4) { wgmma_fence(); prefill_mma_step<4, T>(acc, a, desc); wgmma_commit(); } break;
-    case 5: if constexpr (BM / 16 > 5) { wgmma_fence(); prefill_mma_step<5, T>(acc, a, desc); wgmma_commit(); } break;
-    case 6: if constexpr (BM / 16 > 6) { wgmma_fence(); prefill_mma_step<6, T>(acc, a, desc); wgmma_commit(); } break;
-    case 7: if constexpr (BM / 16 > 7) { wgmma_fence(); prefill_mma_step<7, T>(acc, a, desc); wgmma_commit(); } break;
-    default: if constexpr (BM / 16 > 8) { wgmma_fence(); prefill_mma_step<8, T>(acc, a, desc); wgmma_commit(); } break;
-  }
-}
-
 // x_map (x_tma != 0: k-permuted x with one row per m-block position: GEMM2's intermediate, or
 // GEMM1's x gathered by launch_kperm_positions): the token tile by the copy engine,
 // one tensor copy per chunk from one thread on the stage's mbarrier; else per-thread cp.async.
@@ -326,12 +307,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
     };
     const uint32_t nslots = slot_mask == 0 ? 1u : slot_mask == 2 ? 2u : 4u;
     const uint32_t wbytes = uint32_t(ntiles * U * 32 * 16), mbytes = uint32_t(ntiles * 8 * 4);
-    const int nsel = (nvalid + 15) >> 4;  // token columns / 16 of the wgmmas (1..BM / 16)
 
-    // NOTE: the token width is chosen per k-step by a switch whose every case holds a whole
-    // fence / 2 wgmmas / commit. Tried and rejected (ptxas 13.0 serialised the wgmmas): a switch
-    // around the wgmmas only (C7520, compiler-inserted arrive in a divergent path); one k-loop
-    // copy per width (C7511 / C7512 / C7515: register pressure of the copies, moves at the merge).
     float acc[2][ACC];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -357,13 +333,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
         if (s == 1 && free_bar != 0) mbar_arrive(free_bar);
 #pragma unroll
         for (int i = 0; i < 2; ++i) dequant<T, BITS>(wv[i], s, meta[i], a[s & 1][i]);
-        if constexpr (C::FULL_WIDTH) {
-          wgmma_fence();
-          prefill_mma_step<BM / 16, T>(acc, a[s & 1], sw128_desc(desc_lo + 2 * s));
-          wgmma_commit();
-        } else {
-          prefill_mma_step_n<BM, T>(nsel, acc, a[s & 1], sw128_desc(desc_lo + 2 * s));
-        }
+        wgmma_fence();
+        prefill_mma_step<BM / 16, T>(acc, a[s & 1], sw128_desc(desc_lo + 2 * s));
+        wgmma_commit();
       }
     };
 
@@ -543,9 +515,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
           const uint32_t* ss = reinterpret_cast<const uint32_t*>(sb + S::kXBytes + S::kWBytes);
           const uint32_t* sz = ss + NTB * 32;
           uint32_t wv[2][4 * U];
-          // C::BARRIER_FREE (m64w with x in token rows): scales and zeros converted only where a
-          // new group starts; m144w converts them every chunk (once per group measured 3.6-4.7%
-          // slower there, docs/perf.md).
+          // C::BARRIER_FREE: scales and zeros converted only where a new group starts (the
+          // width-per-m-block m144w measured 3.6-4.7% slower so, docs/perf.md).
           const bool need_meta = !C::BARRIER_FREE || kt == 0 || slot_mask != 0 || gpos == 0;
 #pragma unroll
           for (int i = 0; i < 2; ++i) {

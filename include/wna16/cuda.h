@@ -5,17 +5,49 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "wna16/backend.h"
 #include "wna16/cuda_kernels.h"
+#include "wna16/quant.h"
 
 namespace wna16::cuda {
+
+// One linear's checkpoint tensors in device memory, row-major and contiguous, in the layouts of
+// QuantizedLinear (quant.h): GPTQ qweight int32 [K*bits/32, N], qzeros int32 [G, N*bits/32],
+// g_idx int32 [K]; AWQ qweight int32 [K, N/8], qzeros [G, N/8]; scales [G, N].
+struct DeviceQuantizedLinear {
+  QuantScheme scheme;
+  int64_t K = 0, N = 0;
+  const int32_t* qweight = nullptr;
+  const int32_t* qzeros = nullptr;  // null only for a sym scheme: every zero 2^(bits-1)
+  const void* scales = nullptr;
+  DType scales_dtype = DType::F16;  // F16, BF16 or F32; rounded to f16 as the host path does
+  const int32_t* g_idx = nullptr;   // null: k / group_len (not allowed for act-order with a group size)
+};
+struct DeviceExpertWeights {
+  DeviceQuantizedLinear gate, up, down;
+};
+// MoeLayerWeights (moe.h) with the experts' tensors on the device; the small tensors on the host.
+struct DeviceMoeLayerWeights {
+  std::vector<float> router;           // [E, H]
+  std::vector<float> correction_bias;  // [E], NoauxTc only
+  std::vector<DeviceExpertWeights> experts;
+  std::optional<DeviceExpertWeights> shared;
+  std::vector<float> shared_gate;      // [H], SigmoidGated only
+};
 
 class CudaMoeLayer {
  public:
   // Validates and repacks the weights, uploads them to the current device. Throws Error naming
   // any unsupported value (bits, group size, shape) before anything is launched.
+  // The checkpoint tensors are uploaded (a batch of experts at a time) and packed on the device.
   CudaMoeLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w);
+  // The same layer from checkpoint tensors already on the current device (no host copy of the
+  // weights): packed on `stream`, which must be ordered after the work that wrote them; returns
+  // after synchronising it, so they may be freed then. Same checks and error messages.
+  CudaMoeLayer(const MoeLayerSpec& spec, const DeviceMoeLayerWeights& w, Stream stream = nullptr);
   ~CudaMoeLayer();
   CudaMoeLayer(const CudaMoeLayer&) = delete;
   CudaMoeLayer& operator=(const CudaMoeLayer&) = delete;

@@ -1,5 +1,5 @@
-// CudaMoeLayer: load-time repack of a MoE layer into the fused GEMM layout (moe_gemm.h) and the
-// per-call pipeline on one stream:
+// CudaMoeLayer: the MoE layer packed once into the fused GEMM layout (moe_gemm.h) on the device
+// (device_pack.h, from host or device checkpoint tensors) and the per-call pipeline on one stream:
 //   router logits (fp32; also zeroes out_f32; plain launch)
 //   -> routing (also appends the shared-expert slots) -> align (route_and_align; for one token
 //      the routing kernel writes the align tables itself, and where the plan says gemm_routes the GEMMs
@@ -25,19 +25,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
-#include <mutex>
-#include <numeric>
-#include <thread>
 #include <utility>
+#include <vector>
 
 #include "common/knobs.h"
 #include "cuda/cuda_check.h"
 #include "cuda/dev_buf.h"
+#include "cuda/device_pack.h"
 #include "cuda/dispatch.h"
 #include "cuda/moe_gemm.h"
 #include "cuda/moe_layer_kernels.h"
@@ -50,16 +45,6 @@
 
 namespace wna16::cuda {
 namespace {
-
-// Stable argsort of g_idx: the act-order channel order. Empty when it is the identity.
-std::vector<int32_t> act_order_perm(const UnpackedLinear& u) {
-  std::vector<int32_t> p(size_t(u.K));
-  std::iota(p.begin(), p.end(), 0);
-  std::stable_sort(p.begin(), p.end(), [&](int32_t a, int32_t b) { return u.g_idx[size_t(a)] < u.g_idx[size_t(b)]; });
-  for (size_t i = 0; i < p.size(); ++i)
-    if (p[i] != int32_t(i)) return p;
-  return {};
-}
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
@@ -165,7 +150,10 @@ struct CudaMoeLayer::Impl {
     return ws;
   }
 
-  void build(const MoeLayerSpec& s, const MoeLayerWeights& w);
+  // Takes the packed weights (device_pack.h) and uploads the router.
+  void build(const MoeLayerSpec& s, const LayerPackShape& p, PackedLayerArrays&& packed,
+             const std::vector<float>& router_w, const std::vector<float>& shared_gate,
+             const std::vector<float>& correction_bias);
   // skip_routing: the GEMMs route the token themselves (gemm_routes): the router only.
   void route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L, const LayerPlan& plan,
                        cudaStream_t st, bool skip_routing) const;
@@ -240,248 +228,33 @@ struct CudaMoeLayer::Impl {
   }
 };
 
-void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) {
-  s.validate();
-  w.validate(s);
+void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const LayerPackShape& p, PackedLayerArrays&& packed,
+                               const std::vector<float>& router_w, const std::vector<float>& shared_gate,
+                               const std::vector<float>& correction_bias) {
   spec = s;
-  H = s.hidden;
-  I = s.inter;
-  E = s.routing.num_experts;
+  H = p.H;
+  I = p.I;
+  E = p.E;
   k = s.routing.top_k;
   gated = s.shared_kind == SharedExpertKind::SigmoidGated;
-  const bool has_shared = s.shared_kind != SharedExpertKind::None;
-  S = has_shared ? int((s.shared_inter + I - 1) / I) : 0;
-  E2 = E + S;
+  S = p.S;
+  E2 = p.E2;
   k2 = k + S;
-  if (E2 > 1024) throw Error(fmt::format("E={} experts plus {} shared slices is above the supported 1024", E, S));
-  if (H % 64 != 0) throw Error(fmt::format("hidden H={} is not a multiple of 64 (the kernel's k chunk)", H));
-  if (I % 64 != 0) throw Error(fmt::format("expert width I={} is not a multiple of 64 (the kernel's k chunk)", I));
-
-  // One scheme for every linear (the kernels are compiled per bit width; one group length per GEMM).
-  const QuantScheme& sch = w.experts.at(0).gate.scheme;
-  bits = sch.bits;
-  if (bits != 4 && bits != 8)
-    throw Error(fmt::format("bits={} is not supported by the CUDA backend (4 or 8)", bits));
-  bool has_zeros = false;
-  auto check_linear = [&](const QuantizedLinear& q, const std::string& what) {
-    if (q.scheme.bits != bits)
-      throw Error(fmt::format("{}: bits={} differs from the layer's bits={}", what, q.scheme.bits, bits));
-    if (q.scheme.group_size != sch.group_size)
-      throw Error(fmt::format("{}: group_size={} differs from the layer's group_size={}", what, q.scheme.group_size,
-                              sch.group_size));
-    if (!q.scheme.sym) has_zeros = true;
-  };
-  for (int e = 0; e < E; ++e) {
-    check_linear(w.experts[size_t(e)].gate, fmt::format("expert {} gate", e));
-    check_linear(w.experts[size_t(e)].up, fmt::format("expert {} up", e));
-    check_linear(w.experts[size_t(e)].down, fmt::format("expert {} down", e));
-  }
-  if (has_shared) {
-    check_linear(w.shared->gate, "shared expert gate");
-    check_linear(w.shared->up, "shared expert up");
-    check_linear(w.shared->down, "shared expert down");
-  }
-  const int gs = sch.group_size;
-  if (gs != -1 && (gs % 16 != 0))
-    throw Error(fmt::format("group_size={} is not supported (a multiple of 16, or -1)", gs));
-  if (gs != -1 && I % gs != 0)
-    throw Error(fmt::format("expert width I={} is not a multiple of group_size={}", I, gs));
-  const int64_t gl1 = gs == -1 ? H : gs, gl2 = gs == -1 ? I : gs;
-
-  PackedGemm shape1, shape2;  // shapes only (E = 0): strides and padded widths
-  shape1.init(bits, 0, H, 2 * I, gl1, has_zeros);
-  shape2.init(bits, 0, I, H, gl2, has_zeros);
-  const int64_t qw1_words = shape1.qweight_words_per_expert(), m1_words = shape1.meta_words_per_expert();
-  const int64_t qw2_words = shape2.qweight_words_per_expert(), m2_words = shape2.meta_words_per_expert();
-  qw1.alloc(size_t(E2 * qw1_words * 4));
-  sc1.alloc(size_t(E2 * m1_words * 4));
-  qw2.alloc(size_t(E2 * qw2_words * 4));
-  sc2.alloc(size_t(E2 * m2_words * 4));
-  if (has_zeros) {
-    zr1.alloc(size_t(E2 * m1_words * 4));
-    zr2.alloc(size_t(E2 * m2_words * 4));
-  }
-  std::vector<int32_t> h_perm(static_cast<size_t>(E2 * H)), h_perm_up(static_cast<size_t>(E2 * H));
-  std::atomic<bool> any_perm{false}, any_dual{false};
-
-  // Copies expert e2's packed linear into its slot of the device arrays (zeros only with a table).
-  auto upload = [&](int e2, const PackedGemm& pk, DevBuf& qw, DevBuf& sc, DevBuf& zr, int64_t qw_words,
-                    int64_t m_words) {
-    WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(qw.p) + e2 * qw_words, pk.qweight.data(), qw_words * 4,
-                                cudaMemcpyHostToDevice));
-    WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(sc.p) + e2 * m_words, pk.scales.data(), m_words * 4,
-                                cudaMemcpyHostToDevice));
-    if (has_zeros)
-      WNA16_CUDA_CHECK(cudaMemcpy(static_cast<uint32_t*>(zr.p) + e2 * m_words, pk.zeros.data(), m_words * 4,
-                                  cudaMemcpyHostToDevice));
-  };
-  // Builds and uploads GEMM1 and GEMM2 of kernel expert e2 (shared slice e2 < S, else routed e2 - S).
-  auto pack_one = [&](int e2) {
-    const bool routed = e2 >= S;
-    const ExpertWeights& src = routed ? w.experts[size_t(e2 - S)] : *w.shared;
-    const std::string name = routed ? fmt::format("expert {}", e2 - S) : std::string("shared expert");
-    const int64_t slice0 = routed ? 0 : int64_t(e2) * I;  // first intermediate column of the slice
-    const UnpackedLinear ug = unpack(src.gate), uu = unpack(src.up), ud = unpack(src.down);
-    const int64_t Isrc = ug.N;  // I, or shared_inter
-    const std::vector<int32_t> pg = act_order_perm(ug), pu = act_order_perm(uu), pd = act_order_perm(ud);
-    const int zsym = 1 << (bits - 1);
-    // Without a zero table the kernel uses 2^(bits-1): a "sym" checkpoint must really be symmetric.
-    auto check_sym = [&](const UnpackedLinear& u, const char* what) {
-      if (has_zeros) return;
-      for (int32_t z : u.zeros)
-        if (z != zsym)
-          throw Error(fmt::format("{} {}: scheme is symmetric but holds zero point {} (expected {})", name, what, z,
-                                  zsym));
-    };
-    check_sym(ug, "gate");
-    check_sym(uu, "up");
-    check_sym(ud, "down");
-    // Intermediate column c of this kernel expert = down's sorted row slice0 + c (or padding).
-    auto inter_src = [&](int64_t c) -> int64_t {
-      const int64_t gc = slice0 + c;
-      if (gc >= Isrc) return -1;
-      return pd.empty() ? gc : pd[size_t(gc)];
-    };
-    // Kernel group kg of a kernel linear gathers source rows whose g_idx must all agree.
-    auto group_of = [&](const UnpackedLinear& u, const std::vector<int32_t>& rowmap, int64_t klen, int64_t gl,
-                        const char* what) {
-      std::vector<int32_t> grp(size_t(klen / gl), -1);
-      for (int64_t kk = 0; kk < klen; ++kk) {
-        const int64_t r = rowmap[size_t(kk)];
-        if (r < 0) continue;
-        int32_t& gk = grp[size_t(kk / gl)];
-        const int32_t gsrc = u.g_idx[size_t(r)];
-        if (gk < 0) gk = gsrc;
-        else if (gk != gsrc)
-          throw Error(fmt::format("{} {}: act-order groups are not contiguous runs of {} channels after sorting by "
-                                  "g_idx (channel {} is in group {}, expected {})",
-                                  name, what, gl, r, gsrc, gk));
-      }
-      return grp;
-    };
-
-    // ---- GEMM1: K = H (sorted per gate / up order), tiles (2p, 2p+1) = gate, up of columns 16p.. ----
-    {
-      KernelLinear kl;
-      kl.K = H;
-      kl.N = shape1.NT * 16;
-      kl.group_len = gl1;
-      kl.q.assign(size_t(kl.K * kl.N), 0);
-      kl.scales.assign(size_t((H / gl1) * kl.N), 0.f);
-      kl.zeros.assign(size_t((H / gl1) * kl.N), 0);
-      std::vector<int32_t> rows_g(static_cast<size_t>(H)), rows_u(static_cast<size_t>(H));
-      for (int64_t kk = 0; kk < H; ++kk) {
-        rows_g[size_t(kk)] = pg.empty() ? int32_t(kk) : pg[size_t(kk)];
-        rows_u[size_t(kk)] = pu.empty() ? int32_t(kk) : pu[size_t(kk)];
-      }
-      const std::vector<int32_t> grp_g = group_of(ug, rows_g, H, gl1, "gate");
-      const std::vector<int32_t> grp_u = group_of(uu, rows_u, H, gl1, "up");
-      std::vector<int64_t> col_src(size_t(2 * I));  // source column of kernel column n, -1: padding
-      for (int64_t n = 0; n < 2 * I; ++n) col_src[size_t(n)] = inter_src((n / 32) * 16 + n % 16);
-      for (int64_t kk = 0; kk < H; ++kk) {  // row by row: the gathers stay inside one source row
-        const uint8_t* rg = ug.q.data() + rows_g[size_t(kk)] * ug.N;
-        const uint8_t* ru = uu.q.data() + rows_u[size_t(kk)] * uu.N;
-        uint8_t* dst = kl.q.data() + kk * kl.N;
-        for (int64_t n = 0; n < 2 * I; ++n) {
-          const int64_t sc = col_src[size_t(n)];
-          if (sc >= 0) dst[n] = ((n / 16) % 2 ? ru : rg)[sc];
-        }
-      }
-      for (int64_t n = 0; n < 2 * I; ++n) {
-        const bool up = (n / 16) % 2 == 1;
-        const int64_t sc = col_src[size_t(n)];
-        if (sc < 0) continue;  // padding column: scale 0
-        const UnpackedLinear& u = up ? uu : ug;
-        const std::vector<int32_t>& grp = up ? grp_u : grp_g;
-        for (int64_t kg = 0; kg < H / gl1; ++kg) {
-          kl.scales[size_t(kg * kl.N + n)] = u.scales[size_t(grp[size_t(kg)] * u.N + sc)];
-          kl.zeros[size_t(kg * kl.N + n)] = u.zeros[size_t(grp[size_t(kg)] * u.N + sc)];
-        }
-      }
-      PackedGemm pk;
-      pk.init(bits, 1, H, 2 * I, gl1, has_zeros);
-      pack_kernel_linear(kl, 0, pk);
-      upload(e2, pk, qw1, sc1, zr1, qw1_words, m1_words);
-      std::copy(rows_g.begin(), rows_g.end(), h_perm.begin() + e2 * H);
-      std::copy(rows_u.begin(), rows_u.end(), h_perm_up.begin() + e2 * H);
-      if (!pg.empty() || !pu.empty()) any_perm = true;
-      if (rows_g != rows_u) any_dual = true;
-    }
-    // ---- GEMM2: K = I (this slice of down's sorted rows), N = H ----
-    {
-      KernelLinear kl;
-      kl.K = I;
-      kl.N = shape2.NT * 16;
-      kl.group_len = gl2;
-      kl.q.assign(size_t(kl.K * kl.N), 0);
-      kl.scales.assign(size_t((I / gl2) * kl.N), 0.f);
-      kl.zeros.assign(size_t((I / gl2) * kl.N), 0);
-      std::vector<int32_t> rows(static_cast<size_t>(I));
-      for (int64_t c = 0; c < I; ++c) rows[size_t(c)] = int32_t(inter_src(c));
-      const std::vector<int32_t> grp = group_of(ud, rows, I, gl2, "down");
-      for (int64_t kg = 0; kg < I / gl2; ++kg) {
-        if (grp[size_t(kg)] < 0) continue;  // a group of padding rows only: scale 0
-        for (int64_t n = 0; n < H; ++n) {
-          kl.scales[size_t(kg * kl.N + n)] = ud.scales[size_t(grp[size_t(kg)] * H + n)];
-          kl.zeros[size_t(kg * kl.N + n)] = ud.zeros[size_t(grp[size_t(kg)] * H + n)];
-        }
-      }
-      for (int64_t c = 0; c < I; ++c) {
-        const int64_t r = rows[size_t(c)];
-        uint8_t* dst = kl.q.data() + c * kl.N;
-        if (r >= 0) {
-          std::memcpy(dst, ud.q.data() + r * H, size_t(H));
-        } else {
-          // Padding row (past shared_inter): GEMM1 gives 0 in this column, so any finite weight
-          // works; code = zero point makes it exactly 0 where the zero fits the code range.
-          const int64_t kg = c / gl2;
-          for (int64_t n = 0; n < H; ++n) {
-            const int32_t z = has_zeros ? kl.zeros[size_t(kg * kl.N + n)] : zsym;
-            dst[n] = uint8_t(z < (1 << bits) ? z : 0);
-          }
-        }
-      }
-      PackedGemm pk;
-      pk.init(bits, 1, I, H, gl2, has_zeros);
-      pack_kernel_linear(kl, 0, pk);
-      upload(e2, pk, qw2, sc2, zr2, qw2_words, m2_words);
-    }
-  };
-
-  // Kernel experts are independent: spread them over the host's cores (DeepSeek-V3 is 257 x 23 MB).
-  int dev = 0;
-  WNA16_CUDA_CHECK(cudaGetDevice(&dev));
-  std::atomic<int> next{0};
-  std::exception_ptr failure;
-  std::mutex failure_mu;
-  auto worker = [&] {
-    if (cudaSetDevice(dev) != cudaSuccess) return;
-    for (int e2; (e2 = next.fetch_add(1)) < E2;) {
-      try {
-        pack_one(e2);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(failure_mu);
-        if (!failure) failure = std::current_exception();
-        next = E2;
-      }
-    }
-  };
-  const int threads = int(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 32u));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min(threads, E2); ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-  if (failure) std::rethrow_exception(failure);
-
-  if (any_perm) {
-    perm1.upload(h_perm);
-    if (any_dual) permup1.upload(h_perm_up);
-  }
+  bits = p.bits;
+  const PackedGemm &shape1 = p.g1, &shape2 = p.g2;
+  qw1 = std::move(packed.qw1);
+  sc1 = std::move(packed.sc1);
+  zr1 = std::move(packed.zr1);
+  qw2 = std::move(packed.qw2);
+  sc2 = std::move(packed.sc2);
+  zr2 = std::move(packed.zr2);
+  perm1 = std::move(packed.perm1);
+  permup1 = std::move(packed.permup1);
   // Router (+ the shared-expert gate as one more row): in bf16 when every value is exact in bf16
   // (real checkpoints store the router in bf16), which reads half the bytes for the same logits;
   // else fp32.
-  std::vector<float> r(w.router);
-  if (gated) r.insert(r.end(), w.shared_gate.begin(), w.shared_gate.end());
+  std::vector<float> r(router_w);
+  if (gated) r.insert(r.end(), shared_gate.begin(), shared_gate.end());
   const bool exact_bf16 = std::all_of(r.begin(), r.end(), [](float v) { return (float_to_bits(v) & 0xffffu) == 0; });
   if (exact_bf16) {
     std::vector<uint16_t> rb(r.size());
@@ -491,7 +264,7 @@ void CudaMoeLayer::Impl::build(const MoeLayerSpec& s, const MoeLayerWeights& w) 
   } else {
     router.upload(r);
   }
-  if (s.routing.method == RoutingMethod::NoauxTc) bias.upload(w.correction_bias);
+  if (s.routing.method == RoutingMethod::NoauxTc) bias.upload(correction_bias);
 
   auto fill = [&](DeviceGemm& d, const PackedGemm& shp, const DevBuf& q, const DevBuf& sc, const DevBuf& zr) {
     d.bits = bits;
@@ -590,7 +363,19 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
 }
 
 CudaMoeLayer::CudaMoeLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w) : impl_(std::make_unique<Impl>()) {
-  impl_->build(spec, w);
+  spec.validate();
+  w.validate(spec);
+  const LayerPackShape p = plan_layer_shape(spec, layer_schemes(w));
+  impl_->build(spec, p, pack_layer_on_device(p, w, nullptr), w.router, w.shared_gate, w.correction_bias);
+  prepare_moe_gemm(impl_->bits);
+}
+
+CudaMoeLayer::CudaMoeLayer(const MoeLayerSpec& spec, const DeviceMoeLayerWeights& w, Stream stream)
+    : impl_(std::make_unique<Impl>()) {
+  validate_device_weights(spec, w);
+  const LayerPackShape p = plan_layer_shape(spec, layer_schemes(w));
+  impl_->build(spec, p, pack_layer_on_device(p, w, static_cast<cudaStream_t>(stream)), w.router, w.shared_gate,
+               w.correction_bias);
   prepare_moe_gemm(impl_->bits);
 }
 CudaMoeLayer::~CudaMoeLayer() = default;

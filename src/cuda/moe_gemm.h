@@ -1,7 +1,9 @@
 // The fused grouped W4A16 / W8A16 MoE GEMM: host-side packing and the launch interface. No CUDA
 // types here, so g++-compiled code (the layer, the tests) can include it.
 //
-// ---- Packed weight layout (built once at load by pack_kernel_linear) -------------------------
+// ---- Packed weight layout (built once at load on the device, device_pack.h) -----------------
+// The index arithmetic lives in moe_gemm_layout.h, shared by the device packer and the host one
+// below (pack_kernel_linear, the tests' oracle).
 // One "kernel expert" e is a routed expert or a slice of the shared expert(s). A GEMM computes, for
 // the tokens routed to e, out[t, n] = sum_k x[t, k] * W_e[k, n]. The kernel runs mma.sync
 // m16n8k16 with SWAPPED operands: the 16-row A operand is W^T (16 output channels n x 16 inputs k),
@@ -85,7 +87,8 @@ struct PackedGemm {
   void init(int bits, int64_t E, int64_t K, int64_t N, int64_t group_len, bool has_zeros);
 };
 
-// Packs kernel expert e (K, N, group_len must match pg) into pg's arrays. Thread-safe for distinct e.
+// Packs kernel expert e (K, N, group_len must match pg) into pg's arrays, on the host: the oracle
+// of the device packer. Thread-safe for distinct e.
 void pack_kernel_linear(const KernelLinear& lin, int64_t e, PackedGemm& pg);
 
 // ---- launch ----------------------------------------------------------------------------------

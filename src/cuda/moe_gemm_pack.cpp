@@ -1,7 +1,9 @@
-// Packing one kernel-ordered linear into the MMA fragment layout described in moe_gemm.h.
+// Packing one kernel-ordered linear into the MMA fragment layout described in moe_gemm.h, on the
+// host: the test oracle of the device packer (device_pack.h). Both use moe_gemm_layout.h.
 #include <fmt/format.h>
 
 #include "cuda/moe_gemm.h"
+#include "cuda/moe_gemm_layout.h"
 #include "wna16/error.h"
 
 namespace wna16::cuda {
@@ -38,31 +40,11 @@ void pack_kernel_linear(const KernelLinear& lin, int64_t e, PackedGemm& pg) {
   auto code = [&](int64_t k, int64_t n) -> uint32_t { return lin.q[size_t(k * Np + n)]; };
   for (int64_t kc = 0; kc < KC; ++kc) {
     for (int64_t nt = 0; nt < NT; ++nt) {
-      uint32_t* tile = qw + ((kc * NT + nt) * U) * 32 * 4;
       for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane / 4, tig = lane % 4;
-        const int64_t row_lo = nt * 16 + g, row_hi = row_lo + 8;
-        uint32_t words[8] = {};
-        for (int j = 0; j < 4; ++j) {
-          const int64_t k0 = kc * 64 + 16 * tig + 4 * j;
-          if (pg.bits == 4) {
-            uint32_t w = 0;
-            for (int i = 0; i < 8; ++i) {
-              const int r = i & 3, el = i >> 2;
-              const int64_t row = (r & 1) ? row_hi : row_lo;
-              const int64_t k = k0 + 2 * (r >> 1) + el;
-              w |= (code(k, row) & 0xFu) << (4 * i);
-            }
-            words[j] = w;
-          } else {
-            words[2 * j] = code(k0, row_lo) | code(k0 + 1, row_lo) << 8 | code(k0, row_hi) << 16 |
-                           code(k0 + 1, row_hi) << 24;
-            words[2 * j + 1] = code(k0 + 2, row_lo) | code(k0 + 3, row_lo) << 8 | code(k0 + 2, row_hi) << 16 |
-                               code(k0 + 3, row_hi) << 24;
-          }
-        }
+        uint32_t words[8];
+        layout::lane_words(pg.bits, kc, nt, lane, code, words);
         for (int u = 0; u < U; ++u)
-          for (int w = 0; w < 4; ++w) tile[(u * 32 + lane) * 4 + w] = words[u * 4 + w];
+          for (int w = 0; w < 4; ++w) qw[layout::qweight_word(kc, nt, u, lane, NT, U) + w] = words[u * 4 + w];
       }
     }
   }
@@ -72,7 +54,7 @@ void pack_kernel_linear(const KernelLinear& lin, int64_t e, PackedGemm& pg) {
     for (int64_t nt = 0; nt < NT; ++nt)
       for (int g = 0; g < 8; ++g) {
         const int64_t lo = nt * 16 + g, hi = lo + 8;
-        const size_t o = size_t((grp * NT + nt) * 8 + g);
+        const size_t o = size_t(layout::meta_word(grp, nt, g, NT));
         sc[o] = uint32_t(float_to_f16(lin.scales[size_t(grp * Np + lo)])) |
                 uint32_t(float_to_f16(lin.scales[size_t(grp * Np + hi)])) << 16;
         if (zr) zr[o] = uint32_t(lin.zeros[size_t(grp * Np + lo)]) | uint32_t(lin.zeros[size_t(grp * Np + hi)]) << 16;

@@ -113,9 +113,11 @@ def dense_weights(tensors, qcfg):
 
 def moe_block_class(model_type):
     mod = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-    # Mixtral / Qwen: ...SparseMoeBlock; DeepSeek-V2/V3, GLM-4.5: ...MoE (DeepseekV3MoE, Glm4MoeMoE).
-    names = [n for n in dir(mod) if n.endswith("SparseMoeBlock") or n.endswith("MoE")]
-    names = [n for n in names if isinstance(getattr(mod, n), type)]
+    # Mixtral / Qwen: ...SparseMoeBlock; DeepSeek-V3, GLM-4.5: ...MoE (DeepseekV3MoE, Glm4MoeMoE);
+    # DeepSeek-V2 in transformers 5: DeepseekV2Moe (only where no other name matches).
+    classes = [n for n in dir(mod) if isinstance(getattr(mod, n), type)]
+    names = [n for n in classes if n.endswith("SparseMoeBlock") or n.endswith("MoE")]
+    names = names or [n for n in classes if n.endswith("Moe")]
     if not names:
         raise RuntimeError(f"no MoE block class in {mod.__name__}")
     return getattr(mod, sorted(names, key=len)[0])

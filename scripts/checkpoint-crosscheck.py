@@ -2,15 +2,22 @@
 """Cross-checks wna16's checkpoint files against the Hugging Face reference implementations.
 
 Needs torch, safetensors and transformers (the GPU machine has them; CI does not run this). For each
-architecture x {gptq 4-bit sym, gptq 4-bit desc_act, gptq 8-bit, gptq_v2 asym, awq}:
+architecture x {gptq 4-bit sym, gptq 4-bit desc_act, gptq 8-bit, gptq_v2 asym, awq, compressed-tensors
+4-bit sym, 4-bit asym actorder, 8-bit channel}:
   1. `wna16 synth` writes a checkpoint; every shard opens with the reference reader
      (safetensors.safe_open) and together they hold exactly the tensors of the index;
   2. transformers.AutoConfig reads its config.json (model_type, sizes, quantization_config);
   3. transformers' own MoE block of that architecture (MixtralSparseMoeBlock, ...), loaded with the
-     weights dequantized here from the raw qweight/qzeros/scales/g_idx (formats.md, a third
-     implementation), runs in float64 on the same hidden states; `wna16 run --device cpu` (and cuda
-     when asked) must agree with it within the bf16 tolerance, and its output file must open with
-     safetensors.torch.load_file.
+     weights dequantized here from the raw qweight/qzeros/scales/g_idx (formats.md) or the
+     compressed-tensors weight_packed/weight_scale/weight_zero_point/weight_g_idx (as
+     compressed-tensors' pack_quantized.py and forward.py define them) -- a third implementation --
+     runs in float64 on the same hidden states; `wna16 run --device cpu` (and cuda when asked)
+     must agree with it within the bf16 tolerance, and its output file must open with
+     safetensors.torch.load_file;
+  4. `wna16 dequantize` writes a bf16 copy next to it: the reference reader opens it, its config.json
+     has no quantization_config and AutoConfig reads it, no quantized tensor is left, every weight is
+     the one of step 3 within one bf16 ulp, and the transformers block loaded from that copy alone
+     must agree with the `wna16 run` outputs of step 3 within the same tolerance.
 Then the fuzz seeds: the reference reader must reject exactly the files named broken_*.
 
 Usage: scripts/checkpoint-crosscheck.py WNA16_CLI WORKDIR [--device cpu,cuda] [--seeds DIR]
@@ -20,6 +27,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import traceback
@@ -35,9 +43,16 @@ VARIANTS = [
     ("gptq 8-bit", ["--format", "gptq", "--bits", "8"]),
     ("gptq_v2 4-bit asym", ["--format", "gptq_v2", "--bits", "4", "--asym"]),
     ("awq 4-bit", ["--format", "awq"]),
+    ("ct 4-bit sym", ["--format", "compressed-tensors", "--bits", "4"]),
+    ("ct 4-bit asym actord", ["--format", "compressed-tensors", "--bits", "4", "--asym", "--desc-act"]),
+    ("ct 8-bit channel", ["--format", "compressed-tensors", "--bits", "8", "--group-size", "-1"]),
 ]
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # nibble i of a word holds column 8c + AWQ_ORDER[i]
 TOLERANCE = 1.5e-2                     # wna16's bf16 layer tolerance (layer_tolerance(BF16))
+BF16_ULP = 2.0 ** -7                   # one bf16 ulp (relative): rounding a weight to bf16, even via f32, moves it less
+# The tensors a quantized linear is stored as; none may be left in `wna16 dequantize` output.
+QUANTIZED_SUFFIXES = (".qweight", ".qzeros", ".scales", ".g_idx", ".weight_packed", ".weight_scale",
+                      ".weight_zero_point", ".weight_g_idx", ".weight_shape")
 
 
 def load_checkpoint(d):
@@ -82,15 +97,106 @@ def unpack_awq(words):
     return out.reshape(words.shape[0], -1)
 
 
+# compressed-tensors "pack-quantized", from its own source (compressors/quantized_compressors/
+# pack_quantized.py: pack_to_int32 / unpack_from_int32; quantization/lifecycle/forward.py:
+# _process_quantization / _dequantize; quantization/utils/helpers.py: calculate_range).
+
+def ct_target_rank(module, target):
+    """How a config group's target (or an ignore entry) matches a Linear named `module`, as
+    compressed-tensors' utils/match.py does: 0 the exact name, 1 "re:" + a regex matched from the
+    start of the name (re.match), 2 the class name "Linear"; None when it does not match."""
+    if target.startswith("re:"):
+        return 1 if re.match(target[3:], module) else None
+    return 0 if target == module else 2 if target == "Linear" else None
+
+
+def ct_weight_args(qcfg, module):
+    """The "weights" QuantizationArgs of the config group that applies to `module`: the most specific
+    match wins (match_targets orders exact name, regex, class); two groups at that rank are ambiguous."""
+    assert not any(ct_target_rank(module, t) is not None for t in qcfg.get("ignore") or []), \
+        f"{module} is quantized but matches quantization_config.ignore"
+    ranked = []
+    for name, group in qcfg["config_groups"].items():
+        ranks = [r for r in (ct_target_rank(module, t) for t in group.get("targets", [])) if r is not None]
+        if ranks and group.get("weights"):
+            ranked.append((min(ranks), name, group["weights"]))
+    if not ranked:
+        raise RuntimeError(f"{module}: no config group of quantization_config targets it")
+    ranked.sort(key=lambda r: r[0])
+    if len(ranked) > 1 and ranked[1][0] == ranked[0][0] and ranked[1][2] != ranked[0][2]:
+        raise RuntimeError(f"{module}: config groups {ranked[0][1]} and {ranked[1][1]} both target it")
+    return ranked[0][2]
+
+
+def ct_unpack(words, bits, dim, length):
+    """unpack_from_int32: int32 words packed along `dim` (word w holds elements w*32/bits + j at bits
+    [bits*j, bits*j+bits)), cut to `length` (pack_to_int32 pads the packed dim with zeros), back to
+    the signed values: pack_to_int32 stores v + 2^(bits-1) so that they pack as unsigned."""
+    u = unpack_along_cols(words, bits)[:, :length] if dim == 1 else unpack_along_rows(words, bits)[:length]
+    return u.long() - (1 << (bits - 1))
+
+
+def ct_groups(tensors, m, args, K, G):
+    """The scale/zero-point column of each input column k: strategy "channel" has one (G = 1);
+    "group" has k // group_size, or weight_g_idx[k] with actorder "group" (forward.py sorts the
+    columns by g_idx, so that the i-th run of group_size columns uses scale[:, i]; a g_idx holding
+    -1 was never initialised and means column order)."""
+    gs = args.get("group_size")
+    strategy = args.get("strategy") or ("channel" if gs == -1 else "group" if gs and gs > 0 else "tensor")
+    if strategy == "channel":
+        assert G == 1, f"{m}: channel strategy with {G} scale columns"
+        return torch.zeros(K, dtype=torch.long)
+    if strategy != "group":
+        raise RuntimeError(f"{m}: strategy {strategy!r} is not a pack-quantized weight-only case checked here")
+    assert G == -(-K // gs), f"{m}: {G} scale columns for K={K}, group_size={gs}"
+    g_idx = tensors.get(m + ".weight_g_idx")
+    if g_idx is not None and not bool((g_idx == -1).any()):
+        g = g_idx.long()
+        assert bool((torch.bincount(g, minlength=G) == gs).all()), f"{m}: weight_g_idx groups are not group_size wide"
+        return g
+    return torch.arange(K) // gs
+
+
+def ct_dense(tensors, m, args):
+    """One pack-quantized linear -> float64 [N, K]: W[n, k] = (q[n, k] - zp[n, g(k)]) * scale[n, g(k)]
+    (_dequantize), q and zp signed in [-2^(bits-1), 2^(bits-1)) (calculate_range); weight_packed
+    [N, ceil(K/(32/bits))] is packed along the input dim, weight_zero_point [ceil(N/(32/bits)), G] (only
+    for asymmetric group/channel) along the output dim; symmetric means zp = 0."""
+    bits = int(args["num_bits"])
+    pack = 32 // bits                  # values per word; compression_param_info: ceil(dim / pack) words
+    assert args.get("type", "int") == "int", f"{m}: type {args.get('type')} is not an int pack-quantized weight"
+    N, K = (int(v) for v in tensors[m + ".weight_shape"].tolist())
+    packed = tensors[m + ".weight_packed"]
+    assert packed.dtype == torch.int32 and tuple(packed.shape) == (N, -(-K // pack)), \
+        f"{m}.weight_packed {packed.dtype} {tuple(packed.shape)} for weight_shape ({N}, {K}), {bits} bits"
+    q = ct_unpack(packed, bits, 1, K).double()
+    s = tensors[m + ".weight_scale"].double()
+    assert s.dim() == 2 and s.shape[0] == N, f"{m}.weight_scale {tuple(s.shape)} for N={N}"
+    if args.get("symmetric", True):
+        z = torch.zeros_like(s)
+    else:
+        zw = tensors[m + ".weight_zero_point"]
+        assert zw.dtype == torch.int32 and tuple(zw.shape) == (-(-N // pack), s.shape[1]), \
+            f"{m}.weight_zero_point {zw.dtype} {tuple(zw.shape)} for N={N}, {s.shape[1]} groups, {bits} bits"
+        z = ct_unpack(zw, bits, 0, N).double()
+    g = ct_groups(tensors, m, args, K, s.shape[1])
+    return (q - z[:, g]) * s[:, g]
+
+
 def dense_weights(tensors, qcfg):
-    """module -> float64 weight in torch layout [N, K], for every quantized and dense linear."""
+    """module -> float64 weight in torch layout [N, K], for every quantized and dense linear
+    (qcfg {}: a checkpoint with no quantization config, every linear a dense .weight)."""
     method = qcfg.get("quant_method")
     bits = qcfg.get("bits")
     group = qcfg.get("group_size")
     v1 = qcfg.get("checkpoint_format", "gptq") == "gptq"
     out = {}
     for name in tensors:
-        if name.endswith(".qweight"):
+        if name.endswith(".weight_packed"):
+            assert method == "compressed-tensors", f"{name} in a {method!r} checkpoint"
+            m = name[: -len(".weight_packed")]
+            out[m] = ct_dense(tensors, m, ct_weight_args(qcfg, m))
+        elif name.endswith(".qweight"):
             m = name[: -len(".qweight")]
             qw, qz = tensors[m + ".qweight"], tensors[m + ".qzeros"]
             s = tensors[m + ".scales"].double()
@@ -160,14 +266,25 @@ def fill_block(block, prefix, tensors, dense, mixtral):
     block.load_state_dict(new)
 
 
-def hf_reference(d, arch, layer, x):
+def read_checkpoint(d, arch, quantized):
+    """AutoConfig, the tensors, the shard count and the dense weights of checkpoint d, whose
+    config.json must have a quantization_config iff `quantized` (`wna16 dequantize` drops it)."""
     from transformers import AutoConfig
     cfg = AutoConfig.from_pretrained(d)
     assert cfg.model_type == arch, cfg.model_type
     cfg._attn_implementation = "eager"
-    qcfg = json.load(open(os.path.join(d, "config.json")))["quantization_config"]
+    qcfg = json.load(open(os.path.join(d, "config.json"))).get("quantization_config")
+    if quantized:
+        assert qcfg, f"{d}/config.json has no quantization_config"
+    else:
+        assert qcfg is None, f"{d}/config.json still has a quantization_config"
+        assert not getattr(cfg, "quantization_config", None), "AutoConfig found a quantization_config"
     tensors, shards = load_checkpoint(d)
-    dense = dense_weights(tensors, qcfg)
+    return cfg, tensors, shards, dense_weights(tensors, qcfg or {})
+
+
+def hf_reference(cfg, tensors, dense, arch, layer, x):
+    """transformers' MoE block of layer `layer`, loaded from the checkpoint, on x in float64."""
     prefix = f"model.layers.{layer}." + ("block_sparse_moe." if arch == "mixtral" else "mlp.")
     cls = moe_block_class(arch)
     torch.set_default_dtype(torch.float64)
@@ -180,7 +297,30 @@ def hf_reference(d, arch, layer, x):
         y = block(x.double().unsqueeze(0))
     if isinstance(y, tuple):
         y = y[0]
-    return y.reshape(x.shape), shards, cls.__name__
+    return y.reshape(x.shape), cls.__name__
+
+
+def check_dequantized(tensors, dense, deq_tensors, deq_dense):
+    """`wna16 dequantize` output against the checkpoint it came from: no quantized tensor left, the
+    same linears, each quantized one a bf16 .weight within one bf16 ulp of this script's float64
+    dequantization (a second check of the same weights, independent of `wna16 run`), every other
+    one unchanged. Returns the largest relative difference."""
+    left = sorted(k for k in deq_tensors if k.endswith(QUANTIZED_SUFFIXES))
+    assert not left, f"quantized tensors left: {left[:3]}"
+    assert set(deq_dense) == set(dense), f"linears differ: {sorted(set(deq_dense) ^ set(dense))[:3]}"
+    worst = 0.0
+    for m, w in dense.items():
+        if m + ".weight" not in tensors:
+            t = deq_tensors[m + ".weight"]
+            assert t.dtype == torch.bfloat16, f"{m}.weight is {t.dtype}, not bf16"
+        assert deq_dense[m].shape == w.shape, f"{m}: {tuple(deq_dense[m].shape)} vs {tuple(w.shape)}"
+        rels = (deq_dense[m] - w).abs() / w.abs().clamp_min(1e-300)  # an exact 0 must stay 0
+        i = int(rels.argmax())
+        rel = float(rels.flatten()[i])
+        assert rel <= BF16_ULP, \
+            f"{m}: dequantize gives {float(deq_dense[m].flatten()[i]):.6g} for weight {float(w.flatten()[i]):.6g}"
+        worst = max(worst, rel)
+    return worst
 
 
 def rel_error(a, b):
@@ -209,19 +349,34 @@ def main():
                 subprocess.run([a.cli, "synth", d, "--arch", arch, *flags, "--example-input", x_path, "--tokens", "33"],
                                check=True, capture_output=True, text=True)
                 x = load_file(x_path)["hidden_states"]
-                ref, shards, cls = hf_reference(d, arch, 1, x)
+                cfg, tensors, shards, dense = read_checkpoint(d, arch, quantized=True)
+                ref, cls = hf_reference(cfg, tensors, dense, arch, 1, x)
                 row["reader"] = f"ok ({shards} files)"
                 row["block"] = cls
+                ys = {}
                 for dev in a.device.split(","):
                     y_path = os.path.join(a.work, f"{arch}-{n}.{dev}.y.safetensors")
                     r = subprocess.run([a.cli, "run", d, "--layer", "1", "--input", x_path, "--output", y_path,
                                         "--device", dev], capture_output=True, text=True)
                     if r.returncode != 0:
                         raise RuntimeError(f"wna16 run --device {dev}: {r.stderr.strip()}")
-                    y = load_file(y_path)["hidden_states"].double()
-                    e = rel_error(y, ref)
+                    ys[dev] = load_file(y_path)["hidden_states"].double()
+                    e = rel_error(ys[dev], ref)
                     row[dev] = e
                     row["ok"] = row.get("ok", True) and e <= TOLERANCE
+                # The issue's promise for `wna16 dequantize`: transformers' own block on its bf16 copy
+                # computes what `wna16 run` computes on the quantized checkpoint.
+                deq = d + ".dequantized"
+                r = subprocess.run([a.cli, "dequantize", d, deq], capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise RuntimeError(f"wna16 dequantize: {r.stderr.strip()}")
+                dcfg, dtensors, _, ddense = read_checkpoint(deq, arch, quantized=False)
+                row["dequantize"] = check_dequantized(tensors, dense, dtensors, ddense)
+                dref, _ = hf_reference(dcfg, dtensors, ddense, arch, 1, x)
+                for dev, y in ys.items():
+                    e = rel_error(y, dref)
+                    row[dev + " deq"] = e
+                    row["ok"] = row["ok"] and e <= TOLERANCE
             except Exception as ex:  # noqa: BLE001 - report and continue with the next row
                 row["ok"] = False
                 row["error"] = f"{type(ex).__name__}: {ex}"
@@ -229,12 +384,16 @@ def main():
             ok_all &= row["ok"]
             rows.append(row)
     devs = a.device.split(",")
+    cols = devs + [d + " deq" for d in devs]
     print("\n| arch | format | reference reader | transformers block | " +
-          " | ".join(f"wna16 {d} vs transformers (rel_error)" for d in devs) + " | result |")
-    print("|---|---|---|---|" + "---|" * len(devs) + "---|")
+          " | ".join(f"wna16 {d} vs transformers (rel_error)" for d in devs) + " | " +
+          " | ".join(f"wna16 {d} vs transformers on `wna16 dequantize` (dequantize-ref rel_error)" for d in devs) +
+          " | dequantize weights vs ours (max rel. diff) | result |")
+    print("|---|---|---|---|" + "---|" * len(cols) + "---|---|")
     for r in rows:
-        errs = " | ".join(f"{r[d]:.3e}" if d in r else "n/a" for d in devs)
-        print(f"| {r['arch']} | {r['format']} | {r.get('reader', 'n/a')} | {r.get('block', 'n/a')} | {errs} | "
+        errs = " | ".join(f"{r[c]:.3e}" if c in r else "n/a" for c in cols)
+        deqw = f"{r['dequantize']:.3e}" if "dequantize" in r else "n/a"
+        print(f"| {r['arch']} | {r['format']} | {r.get('reader', 'n/a')} | {r.get('block', 'n/a')} | {errs} | {deqw} | "
               f"{'PASSED' if r['ok'] else 'FAILED ' + r.get('error', '')[:160]} |")
     print(f"{sum(r['ok'] for r in rows)}/{len(rows)} rows passed (tolerance {TOLERANCE})")
 

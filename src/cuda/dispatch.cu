@@ -32,18 +32,24 @@ struct ConfigRow {
 };
 constexpr double kAny = 1e300, kNever = -1.0;
 constexpr ConfigRow kConfigs[] = {
-    // Decode kernel up to 14 tokens per expert: beyond 8 an expert's m-blocks stream the same
-    // weights and L2 shares them. Against m64w (2026-12-02, 3cd5918, H200, us m8 / m64w): 12 per
-    // expert m8 faster (DeepSeek-V2-Lite M=128 211 / 227); 16 level (Qwen3-30B-A3B M=256 231 /
-    // 234); 16-17 m64w faster (Mixtral M=64 501 / 416, DeepSeek-V3 M=512 4384 / 3018, Qwen1.5-MoE
-    // M=256 346 / 259). With its own act-order gather (the staged kernels' perm path) up to 8 (one
-    // m-block per expert).
-    {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, false, 14.0, 8.0},
+    // Decode kernel up to 8.5 tokens per expert (one m-block per expert on average). Against the
+    // 32-token wgmma blocks at three per SM (2026-12-02, H200, us m8 / m32w): 8.5 per expert m32w
+    // faster (Qwen1.5-MoE M=128 197 / 187), 12 too (DeepSeek-V2-Lite M=128 197 / 174); at 8 the
+    // two-block 32-column kernel was level with m8 (DeepSeek-V3 M=256 2225-2505 / 2496-2564).
+    // With its own act-order gather (the staged kernels' perm path) up to 8 (one m-block per
+    // expert).
+    {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, false, 8.5, 8.0},
     // Staged kernel, 32-token blocks: act-order layers that keep their own gather, 9-40 per expert.
     {"m32", gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N, true, false, false, kNever, 40.0},
     // Staged kernel, 64-token blocks: act-order with its own gather above 40 per expert.
     {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, false, kNever, kAny},
-    // The wgmma kernel with 64-token blocks, two per SM: 15-128 per expert. Against the staged m64
+    // The wgmma kernel with 32-token blocks, three per SM: 8.5-28 per expert (CfgM32W). Against m64w
+    // (2026-12-02, H200, us m32w / m64w): 16 per expert Mixtral M=64 326 / 415, Qwen3-30B-A3B M=256
+    // 177 / 214, DeepSeek-V3 M=512 2540-2622 / 3288-3352; 17 Qwen1.5-MoE M=256 213 / 240; 24
+    // DeepSeek-V2-Lite M=256 201 / 223; 32 m64w faster (Mixtral M=128 571 / 487: half the experts
+    // need a second 32-token block). No act-order gather.
+    {"m32w", gemm::CfgM32W::BLOCK_M, gemm::CfgM32W::BLOCK_N, false, true, gemm::CfgM32W::BARRIER_FREE, 28.0, kNever},
+    // The wgmma kernel with 64-token blocks, two per SM: 28-128 per expert. Against the staged m64
     // and m144w (2026-12-02, 14fd75e, us m64 / m64w / m144w): DeepSeek-V3 M=1024 (32 per expert)
     // 5651 / 5064 / 6998, Mixtral M=128 (32) 772 / 766 / 903, Qwen3-30B-A3B M=512 (32) 348 / 326 /
     // 449, DeepSeek-V2-Lite M=256 (24) 334 / 329 / 439 and M=512 (48) 430 / 381 / 490; at 64 per
@@ -62,10 +68,7 @@ constexpr ConfigRow kConfigs[] = {
     {"m144w", gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever},
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
-static_assert(kConfigs[0].block_m < kConfigs[1].block_m && kConfigs[1].block_m < kConfigs[2].block_m &&
-                  kConfigs[2].block_m <= kConfigs[3].block_m && kConfigs[3].block_m < kConfigs[4].block_m,
-              "configs are ordered by BLOCK_M; the largest sizes the workspace");
-static_assert(kConfigs[2].max_gather >= kAny && kConfigs[4].max_plain >= kAny,
+static_assert(kConfigs[2].max_gather >= kAny && kConfigs[kNumConfigs - 1].max_plain >= kAny,
               "m64 takes every act-order call with its own gather, m144w every plain one, that rows before do not");
 
 int g_forced_config = -1;  // force_gemm_config
@@ -93,7 +96,7 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather) {
   const double per_expert = double(M) * double(topk) / active;
   for (int c = 0; c < kNumConfigs; ++c)
     if (per_expert <= (staged_gather ? kConfigs[c].max_gather : kConfigs[c].max_plain)) return c;
-  return staged_gather ? 2 : 4;  // unreachable: m64 / m144w take every call the rows before do not
+  return staged_gather ? 2 : kNumConfigs - 1;  // unreachable: m64 / m144w take every call the rows before do not
 }
 
 void force_gemm_config(int config) {

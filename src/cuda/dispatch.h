@@ -12,15 +12,15 @@
 namespace wna16::cuda {
 
 // ---- the kernel table --------------------------------------------------------------------------
-// Rows ordered by BLOCK_M (the largest sizes the workspace): m8 the decode kernel (weights streamed
+// Rows (the workspace is sized for every one): m8 the decode kernel (weights streamed
 // straight into registers), m32 / m64 the staged mma.sync kernel (the only one with the act-order
-// gather of its own), m64w / m144w the Hopper wgmma kernel (no act-order gather).
+// gather of its own), m32w / m64w / m144w the Hopper wgmma kernel (no act-order gather).
 int gemm_config_count();
 int gemm_config_block_m(int config);
 int gemm_config_block_n(int config);
-// Whether the config's kernel takes k-permuted activations (GemmRun::x_kperm / out_kperm): m144w.
+// Whether the config's kernel takes k-permuted activations (GemmRun::x_kperm / out_kperm): the wgmma configs.
 bool gemm_config_takes_kperm(int config);
-// Whether GEMM1 on the config reads x k-permuted in m-block order (GemmRun::x_by_position): m64w.
+// Whether GEMM1 on the config reads x k-permuted in m-block order (GemmRun::x_by_position): m32w, m64w.
 bool gemm_config_x_positions(int config);
 // Whether the config's kernel can gather x through a perm (GemmRun / DeviceGemm::perm).
 bool gemm_config_gathers(int config);

@@ -140,7 +140,7 @@ struct GemmRun {
   // expert_ids, num_tokens_post_padded): wait for it before anything; only the launch latency and
   // the blocks' start overlap it.
   bool wait_first = false;
-  // Configs m64w / m144w only (refused elsewhere): x's K axis is stored k-permuted (kperm_pos), so the
+  // The wgmma configs only (m32w, m64w, m144w; refused elsewhere): x's K axis is stored k-permuted (kperm_pos), so the
   // prefill kernel copies token rows with 16-byte copies instead of 4-byte ones; out_kperm: GEMM1
   // (SiluMul) writes its output k-permuted (the input of an m144w GEMM2). x must then be 16-byte
   // aligned with x_stride a multiple of 8.
@@ -150,7 +150,7 @@ struct GemmRun {
   // it the prefill kernel copies each chunk of an m-block's token tile as one tensor copy (rows
   // past it: zeros) and its k-loop runs without block barriers.
   int64_t x_rows = 0;
-  // SiluMul on m64w / m144w with x_kperm: x holds one row per position of the align output (row
+  // SiluMul on a wgmma config with x_kperm: x holds one row per position of the align output (row
   // mb * BLOCK_M + c feeds token column c of m-block mb, as GEMM2's intermediate does;
   // launch_kperm_positions writes it), x_rows >= the align step's bound on the padded rows.
   bool x_by_position = false;

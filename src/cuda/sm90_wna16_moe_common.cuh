@@ -53,8 +53,8 @@ using CfgM32 = TileConfig<4, 2, 4, 4, true>;
 // Prefill: 64-token tiles, each dequantised weight fragment feeds 8 MMAs; weights reused via L2.
 using CfgM64 = TileConfig<4, 2, 8, 4, false>;
 
-// The wgmma tile configs (the kernel table's rows m64w and m144w, dispatch.cu): the same kernel
-// with 64 or 144 tokens per m-block. 144 tokens take 242 registers (one block per SM); 64 fit two
+// The wgmma tile configs (the kernel table's rows m32w, m64w and m144w, dispatch.cu): the same
+// kernel with 32, 64 or 144 tokens per m-block. 144 tokens take 242 registers (one block per SM); 64 fit two
 // blocks per SM, whose rings and k-loops interleave (the mid-range m-blocks of 21-64 tokens).
 struct CfgM144W {
   static constexpr const char* NAME = "m144w";
@@ -93,6 +93,23 @@ struct CfgM64W {
   // four warps of one warpgroup, scales converted once per group (sm90_wna16_moe_prefill.cuh).
   static constexpr bool BARRIER_FREE = true;
 };
+
+// 32 tokens per m-block, three blocks per SM (24 warps, 80 registers: the k-loop keeps its
+// registers, a few of the item set-up spill): for 9-28 tokens per expert, where m64w pads a block's
+// tokens to 64 columns and its two blocks per SM leave the schedulers with ~1 eligible warp of 3.9
+// (ncu, GEMM1 DeepSeek-V3 M=1024: stalls on fixed-latency dependencies 23%, dispatch 15%). The
+// occupancy, not the narrower MMA, is most of the gain: the same 32-column kernel at two blocks per
+// SM was 8-15% slower than at three (H200, 2026-12-02, us 2 / 3 blocks: Mixtral M=64 386 / 326,
+// DeepSeek-V2-Lite M=256 229 / 201, Qwen3-30B-A3B M=256 190 / 177). Four int4 stages (16 KB each)
+// so that three blocks fit 228 KB; int8's stages (24 KB) fit two.
+struct CfgM32W : CfgM64W {
+  static constexpr const char* NAME = "m32w";
+  static constexpr int BLOCK_M = 32;
+  static constexpr int MIN_BLOCKS = 3;
+  static constexpr int XROWS = (BLOCK_M + 31) / 32;
+  static constexpr int stages(int) { return 4; }
+};
+
 
 // ---- PTX helpers ----------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {

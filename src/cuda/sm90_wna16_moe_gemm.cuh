@@ -397,7 +397,7 @@ int prepare_decode();
 template <class T, int BITS>
 void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream);
 
-// The wgmma kernel, configs m64w and m144w (sm90_wna16_moe_prefill.cuh), explicitly instantiated
+// The wgmma kernel, configs m32w, m64w and m144w (sm90_wna16_moe_prefill.cuh), explicitly instantiated
 // in sm90_wna16_moe_prefill_w{4,8}.cu.
 template <class C, class T, int BITS>
 int prepare_prefill();
@@ -407,6 +407,8 @@ void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t strea
   extern template int prepare_prefill<C, T, B>();     \
   extern template void launch_prefill<C, T, B>(const KParams&, int64_t, cudaStream_t);
 #define WNA16_PREFILL_EXTERN_BITS(C, B) WNA16_PREFILL_EXTERN(C, __half, B) WNA16_PREFILL_EXTERN(C, __nv_bfloat16, B)
+WNA16_PREFILL_EXTERN_BITS(CfgM32W, 4)
+WNA16_PREFILL_EXTERN_BITS(CfgM32W, 8)
 WNA16_PREFILL_EXTERN_BITS(CfgM64W, 4)
 WNA16_PREFILL_EXTERN_BITS(CfgM64W, 8)
 WNA16_PREFILL_EXTERN_BITS(CfgM144W, 4)
@@ -451,7 +453,8 @@ int launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks,
       return prepare_decode<__half, BITS>();
     case 1: return by_act(CfgM32{});
     case 2: return by_act(CfgM64{});
-    case 3: return wgmma(CfgM64W{});
+    case 3: return wgmma(CfgM32W{});
+    case 4: return wgmma(CfgM64W{});
     default: return wgmma(CfgM144W{});
   }
 }

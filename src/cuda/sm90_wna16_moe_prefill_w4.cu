@@ -1,4 +1,4 @@
-// Instantiations of the wgmma kernel (configs m64w and m144w) for 4-bit weights, both activation types.
+// Instantiations of the wgmma kernel (configs m32w, m64w and m144w) for 4-bit weights, both activation types.
 #include "cuda/sm90_wna16_moe_prefill.cuh"
 
 namespace wna16::cuda::gemm {
@@ -8,6 +8,8 @@ namespace wna16::cuda::gemm {
   template void launch_prefill<C, T, 4>(const KParams&, int64_t, cudaStream_t);
 WNA16_PREFILL_INSTANTIATE(CfgM64W, __half)
 WNA16_PREFILL_INSTANTIATE(CfgM64W, __nv_bfloat16)
+WNA16_PREFILL_INSTANTIATE(CfgM32W, __half)
+WNA16_PREFILL_INSTANTIATE(CfgM32W, __nv_bfloat16)
 WNA16_PREFILL_INSTANTIATE(CfgM144W, __half)
 WNA16_PREFILL_INSTANTIATE(CfgM144W, __nv_bfloat16)
 #undef WNA16_PREFILL_INSTANTIATE

@@ -38,25 +38,27 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
   }
 }
 
-// The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 14 without
-// act-order (several m-blocks per expert beyond 8), the staged m32 kernel for act-order with its own
-// gather up to 40 and m64 above; without it the wgmma kernel, m64w from 15 to 128, m144w above.
+// The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 8.5 without
+// act-order (8 with it), the staged m32 kernel for act-order with its own gather up to 40 and m64
+// above; without it the wgmma kernel, m32w up to 28, m64w to 128, m144w above.
 TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
   const int m8 = config_named("m8"), m32 = config_named("m32"), m64 = config_named("m64"),
-            m64w = config_named("m64w"), m144w = config_named("m144w");
+            m32w = config_named("m32w"), m64w = config_named("m64w"), m144w = config_named("m144w");
   EXPECT_EQ(choose_gemm_config(1, 2, 8, false), m8);
-  EXPECT_EQ(choose_gemm_config(48, 2, 8, false), m8);       // Mixtral: 12 per expert
-  EXPECT_EQ(choose_gemm_config(64, 2, 8, false), m64w);     // Mixtral: 16 per expert
-  EXPECT_EQ(choose_gemm_config(512, 8, 256, false), m64w);  // DeepSeek-V3: 16 per expert
+  EXPECT_EQ(choose_gemm_config(32, 2, 8, false), m8);        // Mixtral: 8 per expert
+  EXPECT_EQ(choose_gemm_config(256, 8, 256, false), m8);     // DeepSeek-V3: 8.002 per active expert
+  EXPECT_EQ(choose_gemm_config(48, 2, 8, false), m32w);      // Mixtral: 12 per expert
+  EXPECT_EQ(choose_gemm_config(64, 2, 8, false), m32w);      // Mixtral: 16 per expert
+  EXPECT_EQ(choose_gemm_config(512, 8, 256, false), m32w);   // DeepSeek-V3: 16 per expert
   EXPECT_EQ(choose_gemm_config(1024, 8, 256, false), m64w);  // DeepSeek-V3: 32 per expert
   EXPECT_EQ(choose_gemm_config(64, 2, 8, true), m32);
   EXPECT_NE(choose_gemm_config(256, 2, 8, false), m8);   // Mixtral: 64 per expert
   // E = 1, top-1: tokens per expert = M.
   for (bool gather : {false, true}) {
     EXPECT_EQ(choose_gemm_config(8, 1, 1, gather), m8);
-    EXPECT_EQ(choose_gemm_config(9, 1, 1, gather), gather ? m32 : m8);
-    EXPECT_EQ(choose_gemm_config(14, 1, 1, gather), gather ? m32 : m8);
-    EXPECT_EQ(choose_gemm_config(15, 1, 1, gather), gather ? m32 : m64w);
+    EXPECT_EQ(choose_gemm_config(9, 1, 1, gather), gather ? m32 : m32w);
+    EXPECT_EQ(choose_gemm_config(28, 1, 1, gather), gather ? m32 : m32w);
+    EXPECT_EQ(choose_gemm_config(29, 1, 1, gather), gather ? m32 : m64w);
     EXPECT_EQ(choose_gemm_config(40, 1, 1, gather), gather ? m32 : m64w);
     EXPECT_EQ(choose_gemm_config(41, 1, 1, gather), gather ? m64 : m64w);
     EXPECT_EQ(choose_gemm_config(128, 1, 1, gather), gather ? m64 : m64w);
@@ -130,7 +132,7 @@ TEST(MoeGemm, KpermLayoutAndRefusals) {
     return test::error_of([&] { launch_moe_gemm(d, run, nullptr); });
   };
   r.config = config_named("m64");
-  EXPECT_NE(refusal(r).find("for the wgmma configs (m64w, m144w)"), std::string::npos) << refusal(r);
+  EXPECT_NE(refusal(r).find("for the wgmma configs (m32w, m64w, m144w)"), std::string::npos) << refusal(r);
   r.config = config_named("m144w");
   r.x = reinterpret_cast<const char*>(dummy) + 2;
   EXPECT_NE(refusal(r).find("16-byte aligned"), std::string::npos) << refusal(r);

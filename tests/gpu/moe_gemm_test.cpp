@@ -443,14 +443,14 @@ TEST(MoeGemm, EveryConfigBitsDtypeAndGroup) {
       }
 }
 
-// The wgmma kernel (configs m64w and m144w) with diagnostics: on a mismatch it prints the first bad
+// The wgmma kernel (configs m32w, m64w and m144w) with diagnostics: on a mismatch it prints the first bad
 // (padded position, token, column) entries and how the bad ones spread over the token column of
 // the m-block and the output column, so a fragment / swizzle / k-permutation bug shows its pattern
 // from one GPU run. Token counts: several m-blocks per expert, one and both 64-token halves, a
 // 16-token tail; int4 and int8, bf16 and f16, sym and asym, per-lane groups (32) and long ones.
 TEST(MoeGemm, PrefillWgmmaDiagnostics) {
   WNA16_REQUIRE_GPU();
-  for (const char* name : {"m64w", "m144w"}) {
+  for (const char* name : {"m32w", "m64w", "m144w"}) {
     const int config = config_named(name);
     ASSERT_GE(config, 0) << "config " << name << " is not in the table";
     const struct {

@@ -91,7 +91,7 @@ TEST(CudaRoutedLayer, MatchesReferenceAcrossFormatsSharedKindsAndM) {
       const MoeLayerSpec spec = routed_spec(sk, 8, 2);
       const MoeLayerWeights w = random_layer(spec, q, ++seed);
       auto layer = make_cuda_layer(spec, w);
-      // 1 and 7 tokens: the decode kernel; 100 (25 per expert): m64w; 600 (150): m144w.
+      // 1 and 7 tokens: the decode kernel; 100 (25 per expert): m32w; 600 (150): m144w.
       for (int64_t M : {int64_t(1), int64_t(7), int64_t(100), int64_t(600)}) {
         const DType act = (i++ % 2) ? DType::F16 : DType::BF16;
         SCOPED_TRACE(q.describe() + " shared " + std::to_string(int(sk)) + " " + dtype_name(act) +

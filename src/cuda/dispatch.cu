@@ -33,9 +33,11 @@ struct ConfigRow {
 constexpr double kAny = 1e300, kNever = -1.0;
 constexpr ConfigRow kConfigs[] = {
     // Decode kernel up to 8.5 tokens per expert (one m-block per expert on average). Against the
-    // 32-token wgmma blocks at three per SM (2026-12-02, H200, us m8 / m32w): 8.5 per expert m32w
-    // faster (Qwen1.5-MoE M=128 197 / 187), 12 too (DeepSeek-V2-Lite M=128 197 / 174); at 8 the
-    // two-block 32-column kernel was level with m8 (DeepSeek-V3 M=256 2225-2505 / 2496-2564).
+    // 32-token wgmma blocks at three per SM (2026-12-02, H200, us m8 / m32w, two rounds): 4-6.4
+    // per expert m8 faster (Mixtral M=16 210 / 303, Qwen3-30B-A3B M=96 128 / 170, Qwen1.5-MoE M=96
+    // 150 / 170); around the bound either way by 3-5% (8: Mixtral M=32 294 / 311, DeepSeek-V3
+    // M=256 2303-2337 / 2236-2244; 8.5 Qwen1.5-MoE M=128 197 / 187; 9 DeepSeek-V2-Lite M=96 162 /
+    // 170); 12 m32w faster (DeepSeek-V2-Lite M=128 197 / 174).
     // With its own act-order gather (the staged kernels' perm path) up to 8 (one m-block per
     // expert).
     {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, false, 8.5, 8.0},

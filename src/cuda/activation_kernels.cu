@@ -12,6 +12,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/moe_gemm.h"  // kperm_pos
 #include "cuda/moe_layer_kernels.h"
+#include "cuda/pdl.cuh"
 #include "wna16/error.h"
 
 namespace wna16::cuda {
@@ -33,8 +34,8 @@ __global__ void __launch_bounds__(kGatherThreads)
                         int j_begin, int j_end, int n_perm, const int32_t* __restrict__ perm,
                         uint16_t* __restrict__ out) {
   // The next kernel may get resident now; the slot ids come from the previous one.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (ids) asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_launch_dependents();
+  if (ids) pdl_wait();
   const int nj = j_end - j_begin;
   const int j_slot = j_begin + int(blockIdx.x % nj);
   const int64_t s = int64_t(blockIdx.x / nj) * k2 + j_slot;
@@ -58,7 +59,7 @@ __global__ void __launch_bounds__(kGatherThreads)
     const int64_t j = j0 + i * kGatherThreads;
     if (j < H) o[kKperm ? kperm_pos(j) : j] = v[i];
   }
-  if (!ids) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (!ids) pdl_wait();
 }
 
 // Positions in order, 64-element chunks. kVec: a warp moves 4 consecutive chunks at a time, lane
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(kKpermThreads)
 // thread waits, so the grid completes only after GEMM2 did.
 template <class T>
 __global__ void cast_kernel(const float4* __restrict__ acc, T* __restrict__ out, int64_t n4) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_wait();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
     const float4 v = acc[i];
     T* o = out + 4 * i;

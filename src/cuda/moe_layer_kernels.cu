@@ -15,6 +15,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/moe_layer_kernels.h"
+#include "cuda/pdl.cuh"
 #include "cuda/sm90_wna16_moe_common.cuh"  // gemm::Act<T>::mma
 #include "wna16/error.h"
 
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(kSmallThreads)
                         int64_t zero_n4) {
   // The routing kernel (launched with programmatic dependent launch) may get resident now; it
   // waits for this grid's completion before reading the logits.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  pdl_launch_dependents();
   const int e = blockIdx.x, m0 = blockIdx.y * kSmallM;
   const int mt = min(kSmallM, M - m0);
   const R* row = router + int64_t(e) * H;
@@ -212,7 +213,7 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
                         float4* __restrict__ zero, int64_t zero_n4) {
   // The routing kernel (launched with programmatic dependent launch) may get resident now; it
   // waits for this grid's completion before reading the logits.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  pdl_launch_dependents();
   constexpr int MC = 16 / RW;  // tokens per pass: RW x MC = 16 sums per lane
   extern __shared__ __align__(16) unsigned char smem[];
   const cg::cluster_group cluster = cg::this_cluster();
@@ -329,7 +330,7 @@ __global__ void __launch_bounds__(kTileThreads)
   constexpr int TM = 64 * 64 / TE;
   constexpr int TX = TE / 4;  // threads along the experts
   static_assert(TM / 4 * TX == kTileThreads, "4 x 4 outputs per thread cover the tile");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // see router_small_kernel
+  pdl_launch_dependents();  // see router_small_kernel
   zero_fill(zero, zero_n4);
   // [k][token] and [k][expert] operand tiles; after the k loop the CTA's partial tile [TM][TE].
   constexpr int kXs = kTileK * (TM + 4), kRs = kTileK * (TE + 4);
@@ -492,7 +493,7 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
   constexpr bool kF16 = std::is_same_v<T, __half>;
   constexpr int XP = kF16 ? 2 : 1;                       // pieces of x
   constexpr int RP = std::is_same_v<R, float> ? 3 : 1;  // pieces of the router (a bf16 router is one)
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // see router_small_kernel
+  pdl_launch_dependents();  // see router_small_kernel
   zero_fill(zero, zero_n4);
   // The operand tiles, and after the k loop the CTA's partial tile when H is split (grid z).
   constexpr int kOpBytes = (XP * kMmaTM + RP * kMmaTE) * kMmaPitch * 2;

@@ -46,6 +46,7 @@
 
 #include "cuda/align_tuning.h"
 #include "cuda/cuda_check.h"
+#include "cuda/pdl.cuh"
 #include "wna16/cuda_kernels.h"
 #include "wna16/error.h"
 #include "wna16/reference.h"
@@ -287,9 +288,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // the stream start launching now (it must wait for our completion before reading our outputs),
   // and wait for the previous kernel (which writes topk_ids, or still reads our outputs) before
   // the first global access. Only the shared-memory set-up overlaps the previous kernel.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  pdl_launch_dependents();
   for (int i = tid; i < kWarps * E; i += kThreads) counts[i] = 0;
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_wait();
   __syncthreads();
 
   // This warp's chunk: contiguous, in slot order across (cta, warp), a multiple of 32 long.
@@ -393,9 +394,9 @@ __global__ void __launch_bounds__(kAlignSmallThreads, 1)
   const int n_threads = static_cast<int>(blockDim.x);
 
   // As in moe_align_kernel: only the clearing of shared memory overlaps the previous kernel.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  pdl_launch_dependents();
   for (int i = tid; i < (n_warps * E + 3) / 4; i += n_threads) table_words[i] = 0;
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_wait();
 
   int key = -1;  // ids outside [0, E) take no room and land nowhere
   if (tid < num_slots) {

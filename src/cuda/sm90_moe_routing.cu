@@ -27,8 +27,9 @@
 #include <string>
 
 #include "cuda/cuda_check.h"
-#include "cuda/routing_device.cuh"
 #include "cuda/moe_layer_kernels.h"
+#include "cuda/pdl.cuh"
+#include "cuda/routing_device.cuh"
 #include "wna16/cuda_kernels.h"
 #include "wna16/error.h"
 #include "wna16/reference.h"
@@ -112,7 +113,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
   // topk_ids. And the logits are read only once the previous kernel (the router GEMM) is done.
   // NOTE: every thread waits before it may return, so this grid completes only after its
   // predecessor did (the layer's chain relies on that for the router's zero-fill).
-  if constexpr (!LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if constexpr (!LATE) pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
   const int64_t m = int64_t(blockIdx.x) * kRouteWarps + (threadIdx.x >> 5);
   const int E = p.E;
@@ -144,10 +145,10 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_routing_kernel(const Rou
     for (int64_t i = v1 + t; i < a.max_padded; i += nt) a.sorted[i] = n;
     for (int64_t b = n + t; b < a.max_blocks; b += nt) a.expert_ids[b] = -1;
   }
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_wait();
   // release_late: the dependents start only once the previous kernel (the router, with its
   // zero-fill) has completed: GEMM1's shared-slice parts use zeroed scratch before their own wait.
-  if constexpr (LATE) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if constexpr (LATE) pdl_launch_dependents();
   if (m >= p.M) return;  // warp-uniform
   RouteScratch<VPL>& sc = scratch[threadIdx.x >> 5];
   const unsigned lt = (1u << lane) - 1u;

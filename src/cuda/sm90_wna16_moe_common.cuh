@@ -199,14 +199,24 @@ template <>
 struct Act<__nv_bfloat16> {
   // 0x4300 = 128.0 in bf16 (7 mantissa bits): 128 + q is exact for q < 128.
   static constexpr uint32_t kMagic = 0x4300u;
+  // sub / mul.bf16x2 are sm_90 PTX; below it the same results come from fma.rn.bf16x2, which rounds
+  // once too: a - b = b * -1 + a, a * b = a * b + -0.
   __device__ static __forceinline__ uint32_t sub2(uint32_t a, uint32_t b) {
     uint32_t r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(b), "r"(0xBF80BF80u), "r"(a));
+#else
     asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+#endif
     return r;
   }
   __device__ static __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
     uint32_t r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(0x80008000u));
+#else
     asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+#endif
     return r;
   }
   // NOTE: the f16 scale is rounded to bf16 once per group here (the weight then carries bf16's

@@ -14,6 +14,7 @@
 //    nine experts gives every SM enough warps (and bytes in flight) to stream at full bandwidth.
 // Act-order (a per-expert activation gather) stays on the staged kernel.
 #pragma once
+#include "cuda/pdl.cuh"
 #include "cuda/routing_device.cuh"
 #include "cuda/sm90_wna16_moe_common.cuh"
 
@@ -103,8 +104,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
   const int pre_total = PARTS ? p.pre_total : p.pre_slices * pre_mps * nb_count * p.splits;  // < 2^31: checked on the host
   const int pre_base = PARTS ? p.pre_base : pre_total;
   bool tables = !(p.pdl == 2 && int64_t(blockIdx.x) < pre_total);  // the align tables may be read
-  if (p.pdl == 2 && tables) asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (tables) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (p.pdl == 2 && tables) pdl_wait();
+  if (tables) pdl_launch_dependents();
   bool waited = p.pdl == 2;  // x is ready (pdl 2: x precedes the whole routing chain)
   // One token routed here (KParams::route_logits): m-block j is the j-th chosen expert by id, its
   // one slot the choice's rank; the logits are complete (GEMM1 waited first; GEMM2 starts after).
@@ -192,8 +193,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 
   for (int64_t item = blockIdx.x;; item = next_item(item)) {
     if (!tables && item >= pre_total) {
-      asm volatile("griddepcontrol.wait;" ::: "memory");
-      asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+      pdl_wait();
+      pdl_launch_dependents();
       tables = true;
       // The items run ahead stored their m-blocks before the wait; the counters (zeroed by the
       // chain's first kernel) may take their releases only now.
@@ -348,7 +349,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       }
       __syncwarp();  // the lanes' acquires order the warp's reads of x after them
     } else if (!waited) {  // x may be the previous kernel's output
-      asm volatile("griddepcontrol.wait;" ::: "memory");
+      pdl_wait();
       waited = true;
     }
 #pragma unroll

@@ -107,15 +107,29 @@ WNA16_HD void store_words(uint32_t* dst, const uint32_t* w) {
 #endif
 }
 
+// An item index as ((i * nk + k) * nt_count + nt) * inner + r: the batch's expert i, its k-chunk or
+// group k, the 16-row tile nt and the lane or word r inside it.
+struct ItemIndex {
+  int r;
+  int64_t nt, k, i;
+};
+WNA16_HD ItemIndex split_item(int64_t item, int inner, int64_t nt_count, int64_t nk) {
+  ItemIndex x;
+  x.r = int(item % inner);
+  int64_t t = item / inner;
+  x.nt = t % nt_count;
+  t /= nt_count;
+  x.k = t % nk;
+  x.i = t / nk;
+  return x;
+}
+
 // ---- GEMM1 (gate/up): items = n * (H / 64) * NT1 * 32 lanes ------------------------------------
 WNA16_HD int64_t qweight1_items(const PackBatch& b) { return b.n * (b.H / 64) * b.NT1 * 32; }
 WNA16_HD void pack_qweight1(const PackBatch& b, int64_t item) {
-  const int lane = int(item % 32);
-  int64_t t = item / 32;
-  const int64_t nt = t % b.NT1;
-  t /= b.NT1;
-  const int64_t kc = t % (b.H / 64);
-  const int64_t i = t / (b.H / 64);
+  const ItemIndex x = split_item(item, 32, b.NT1, b.H / 64);
+  const int lane = x.r;
+  const int64_t nt = x.nt, kc = x.k, i = x.i;
   const SrcLinear* L = b.lin + 3 * i;
   const ExpertMaps& m = b.maps[i];
   auto code = [&](int64_t k, int64_t n) -> uint32_t {
@@ -136,12 +150,9 @@ WNA16_HD void pack_qweight1(const PackBatch& b, int64_t item) {
 // ---- GEMM2 (down): items = n * (I / 64) * NT2 * 32 lanes ----------------------------------------
 WNA16_HD int64_t qweight2_items(const PackBatch& b) { return b.n * (b.I / 64) * b.NT2 * 32; }
 WNA16_HD void pack_qweight2(const PackBatch& b, int64_t item) {
-  const int lane = int(item % 32);
-  int64_t t = item / 32;
-  const int64_t nt = t % b.NT2;
-  t /= b.NT2;
-  const int64_t kc = t % (b.I / 64);
-  const int64_t i = t / (b.I / 64);
+  const ItemIndex x = split_item(item, 32, b.NT2, b.I / 64);
+  const int lane = x.r;
+  const int64_t nt = x.nt, kc = x.k, i = x.i;
   const SrcLinear& D = b.lin[3 * i + 2];
   const ExpertMaps& m = b.maps[i];
   const int32_t zsym = int32_t(1) << (b.bits - 1);
@@ -165,12 +176,9 @@ WNA16_HD void pack_qweight2(const PackBatch& b, int64_t item) {
 // ---- scales and zeros: items = n * G * NT * 8 (rows g and g + 8 of a tile per word) -------------
 WNA16_HD int64_t meta1_items(const PackBatch& b) { return b.n * b.G1 * b.NT1 * 8; }
 WNA16_HD void pack_meta1(const PackBatch& b, int64_t item) {
-  const int g = int(item % 8);
-  int64_t t = item / 8;
-  const int64_t nt = t % b.NT1;
-  t /= b.NT1;
-  const int64_t kg = t % b.G1;
-  const int64_t i = t / b.G1;
+  const ItemIndex x = split_item(item, 8, b.NT1, b.G1);
+  const int g = x.r;
+  const int64_t nt = x.nt, kg = x.k, i = x.i;
   const SrcLinear* L = b.lin + 3 * i;
   const ExpertMaps& m = b.maps[i];
   uint32_t s[2] = {0, 0}, z[2] = {0, 0};  // padding columns: scale 0, zero 0
@@ -192,12 +200,9 @@ WNA16_HD void pack_meta1(const PackBatch& b, int64_t item) {
 
 WNA16_HD int64_t meta2_items(const PackBatch& b) { return b.n * b.G2 * b.NT2 * 8; }
 WNA16_HD void pack_meta2(const PackBatch& b, int64_t item) {
-  const int g = int(item % 8);
-  int64_t t = item / 8;
-  const int64_t nt = t % b.NT2;
-  t /= b.NT2;
-  const int64_t kg = t % b.G2;
-  const int64_t i = t / b.G2;
+  const ItemIndex x = split_item(item, 8, b.NT2, b.G2);
+  const int g = x.r;
+  const int64_t nt = x.nt, kg = x.k, i = x.i;
   const SrcLinear& D = b.lin[3 * i + 2];
   const int32_t grp = b.maps[i].grp_d[kg];
   uint32_t s[2] = {0, 0}, z[2] = {0, 0};  // padding columns and groups of padding rows: 0

@@ -28,11 +28,12 @@ namespace wna16::cpu {
 namespace {
 
 // Software prefetch of the 4-bit weight stream, 8 KiB ahead: at one token the loop runs ahead of
-// DRAM. 8 KiB measured 5-10% faster than 4 KiB at M=1 (16 KiB level with 8, 1 KiB slower). Into
-// L1 (T0), not L2: this kernel's arithmetic takes about as long as its stream, and with L2
-// prefetches the two did not overlap (Zen 5, 2 vCPUs, 2026-12-02: M=1 -8% Qwen3-30B-A3B, -23%
-// DeepSeek-V2-Lite, faster in 4 of 4 alternating runs; one linear from DRAM 1.28x, 11 of 12).
-// May change speed, never results.
+// DRAM. 8 KiB measured 5-10% faster than 4 KiB at M=1 (16 KiB level with 8, 1 KiB slower). One
+// token's rows prefetch into L1 (T0), not L2: that kernel's arithmetic takes about as long as its
+// stream, and with L2 prefetches the two did not overlap (Zen 5, 2 vCPUs, 2026-12-02: M=1 -8%
+// Qwen3-30B-A3B, -23% DeepSeek-V2-Lite, faster in 4 of 4 alternating runs; one linear from DRAM
+// 1.28x, 11 of 12). Several tokens' rows keep L2 (their passes reuse 2 KiB of codes from L1; L1
+// prefetches there were not measured apart from the host's noise). May change speed, never results.
 constexpr int kPrefetchBytes = 8192;
 constexpr int kGroups8 = kBlockN / 8;  // 8-column groups (one ymm of int32 / fp32 lanes) per block
 
@@ -103,7 +104,8 @@ void gemm_i8(const BlockView& v, const XRow* rows, float* out) {
       const int64_t k0 = v.xblock_kstart[xb], steps = v.xblock_len[xb] / kStepK;
       for (int64_t s = 0; s < steps; ++s)
         for (int l = 0; l < 4; ++l)
-          _mm_prefetch(reinterpret_cast<const char*>(p + s * v.step_bytes) + kPrefetchBytes + 64 * l, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(p + s * v.step_bytes) + kPrefetchBytes + 64 * l,
+                       MR == 1 ? _MM_HINT_T0 : _MM_HINT_T1);
       for (int g0 = 0; g0 < kGroups8; g0 += NC) {
         __m256i acc[MR][TERMS][NC];
         for (int t = 0; t < MR; ++t)

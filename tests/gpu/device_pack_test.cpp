@@ -56,11 +56,23 @@ struct Case {
   bool null_sym_zeros = false;       // sym: no qzeros tensor
   SharedExpertKind shared = SharedExpertKind::Plain;
   std::string name() const {
-    return test::scheme(format, bits, group, sym, act_order).describe() + " scales " + dtype_name(scales) +
+    return scheme().describe() + " scales " + dtype_name(scales) +
            (shared_orders ? " one order" : "") + (null_sym_zeros ? " no qzeros" : "") +
            (shared == SharedExpertKind::None ? " no shared" : " shared");
   }
+  QuantScheme scheme() const { return test::scheme(format, bits, group, sym, act_order); }
 };
+
+Case make_case(Format f, int bits, int g, bool sym, bool act, DType scales = DType::F16) {
+  Case c;
+  c.format = f;
+  c.bits = bits;
+  c.group = g;
+  c.sym = sym;
+  c.act_order = act;
+  c.scales = scales;
+  return c;
+}
 
 std::vector<Case> all_cases() {
   std::vector<Case> v;
@@ -71,13 +83,7 @@ std::vector<Case> all_cases() {
         for (bool act : {false, true})
           for (int g : {32, 64, 128, -1}) {
             if (f == Format::Awq && (bits == 8 || act)) continue;
-            Case c;
-            c.format = f;
-            c.bits = bits;
-            c.group = g;
-            c.sym = sym;
-            c.act_order = act;
-            c.scales = i % 3 == 0 ? DType::F16 : i % 3 == 1 ? DType::BF16 : DType::F32;
+            Case c = make_case(f, bits, g, sym, act, i % 3 == 0 ? DType::F16 : i % 3 == 1 ? DType::BF16 : DType::F32);
             c.shared_orders = act && i % 2 == 0;
             c.null_sym_zeros = sym && i % 4 == 1;
             c.shared = i % 5 == 0 ? SharedExpertKind::None : i % 5 == 1 ? SharedExpertKind::SigmoidGated
@@ -115,7 +121,7 @@ float random_scale(DType t, std::mt19937_64& rng) {
 // random_layer's structure (schemes, act-order g_idx) with random code words, random zero words
 // where the scheme is asym, and random scales exact in c.scales.
 MoeLayerWeights random_words_layer(const Case& c, const MoeLayerSpec& spec, uint64_t seed) {
-  MoeLayerWeights w = random_layer(spec, test::scheme(c.format, c.bits, c.group, c.sym, c.act_order), seed);
+  MoeLayerWeights w = random_layer(spec, c.scheme(), seed);
   std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
   auto mutate = [&](ExpertWeights& e) {
     for (QuantizedLinear* q : {&e.gate, &e.up, &e.down}) {
@@ -300,40 +306,30 @@ struct BadCase {
 };
 
 std::vector<BadCase> bad_cases() {
-  auto mk = [](Format f, int bits, int g, bool sym, bool act, DType scales = DType::F16) {
-    Case c;
-    c.format = f;
-    c.bits = bits;
-    c.group = g;
-    c.sym = sym;
-    c.act_order = act;
-    c.scales = scales;
-    return c;
-  };
   std::vector<BadCase> v;
-  v.push_back({"sym zero (v1 4-bit)", mk(Format::GptqV1, 4, 128, true, false),
+  v.push_back({"sym zero (v1 4-bit)", make_case(Format::GptqV1, 4, 128, true, false),
                [](MoeLayerWeights& w) { w.experts[1].up.qzeros[0] = int32_t(0x77773777); },
                "expert 1.up: scheme gptq 4-bit g128 sym is sym but qzeros[0, 3] holds zero 4 (expected 8)"});
-  v.push_back({"sym zero (v1 8-bit, shared expert)", mk(Format::GptqV1, 8, 64, true, false, DType::BF16),
+  v.push_back({"sym zero (v1 8-bit, shared expert)", make_case(Format::GptqV1, 8, 64, true, false, DType::BF16),
                [](MoeLayerWeights& w) { w.shared->gate.qzeros[1] = int32_t(0x7f7f007f); },
                "shared expert.gate: scheme gptq 8-bit g64 sym is sym but qzeros[0, 5] holds zero 1 (expected 128)"});
-  v.push_back({"non-contiguous act-order groups", mk(Format::GptqV2, 4, 64, false, true),
+  v.push_back({"non-contiguous act-order groups", make_case(Format::GptqV2, 4, 64, false, true),
                [](MoeLayerWeights& w) {
                  std::vector<int32_t>& g = w.experts[2].down.g_idx;
                  *std::find(g.begin(), g.end(), 0) = 1;  // group 1 gets 65 channels, group 0 63
                },
                "expert 2 down: act-order groups are not contiguous runs of 64 channels after sorting by g_idx "
                "(channel "});
-  v.push_back({"non-finite scale", mk(Format::Awq, 4, 32, false, false, DType::F32),
+  v.push_back({"non-finite scale", make_case(Format::Awq, 4, 32, false, false, DType::F32),
                [](MoeLayerWeights& w) { w.experts[0].gate.scales[size_t(1 * 256 + 5)] = INFINITY; },
                "expert 0.gate: scales[1, 5]=inf is not finite"});
-  v.push_back({"NaN scale (bf16, shared expert)", mk(Format::GptqV1, 4, 32, false, false, DType::BF16),
+  v.push_back({"NaN scale (bf16, shared expert)", make_case(Format::GptqV1, 4, 32, false, false, DType::BF16),
                [](MoeLayerWeights& w) { w.shared->down.scales[size_t(2 * 320 + 7)] = NAN; },
                "shared expert.down: scales[2, 7]=nan is not finite"});
-  v.push_back({"g_idx out of range", mk(Format::GptqV1, 8, 32, true, true),
+  v.push_back({"g_idx out of range", make_case(Format::GptqV1, 8, 32, true, true),
                [](MoeLayerWeights& w) { w.experts[1].down.g_idx[3] = 99; },
                "expert 1.down: g_idx[3]=99 is out of range [0, 8)"});
-  v.push_back({"g_idx of a scheme without act-order", mk(Format::GptqV2, 4, 64, false, false),
+  v.push_back({"g_idx of a scheme without act-order", make_case(Format::GptqV2, 4, 64, false, false),
                [](MoeLayerWeights& w) { w.experts[0].gate.g_idx[70] = 0; },
                "expert 0.gate: g_idx[70]=0 but scheme gptq_v2 4-bit g64 asym is not act-order (expected 1)"});
   return v;
@@ -375,18 +371,27 @@ TEST(DevicePackHost, MatchesHostPackerBitForBit) {
   }
 }
 
-TEST(DevicePackHost, RefusalsNameTheValue) {
-  const uint64_t seed = fresh_seed();
+// Each bad case's spoiled layer, refused by the host oracle with the case's message; then
+// check(b, spec, w, message) holds the path under test to the oracle's exact message.
+template <class Check>
+void each_refusal(uint64_t seed, Check&& check) {
   for (const BadCase& b : bad_cases()) {
     SCOPED_TRACE(std::string(b.what) + " seed " + std::to_string(seed));
     const MoeLayerSpec spec = spec_of(b.c);
-    MoeLayerWeights w = random_layer(spec, test::scheme(b.c.format, b.c.bits, b.c.group, b.c.sym, b.c.act_order), seed);
+    MoeLayerWeights w = random_layer(spec, b.c.scheme(), seed);
     b.spoil(w);
     const std::string host = test::error_of([&] { host_oracle::host_pack_layer(spec, w); });
     EXPECT_THAT(host, StartsWith(b.message));
+    check(b, spec, w, host);
+  }
+}
+
+TEST(DevicePackHost, RefusalsNameTheValue) {
+  each_refusal(fresh_seed(), [](const BadCase& b, const MoeLayerSpec& spec, const MoeLayerWeights& w,
+                                const std::string& host) {
     const auto t = tensors_of(w, b.c.scales, false, false);
     EXPECT_EQ(test::error_of([&] { pack_on_host(spec, t->w); }), host);
-  }
+  });
 }
 
 // ---- on the GPU ---------------------------------------------------------------------------------------
@@ -422,21 +427,15 @@ TEST(DevicePack, MatchesHostPackerBitForBit) {
 TEST(DevicePack, RefusalsNameTheValue) {
   WNA16_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
-  for (const BadCase& b : bad_cases()) {
-    SCOPED_TRACE(std::string(b.what) + " seed " + std::to_string(seed));
-    const MoeLayerSpec spec = spec_of(b.c);
-    MoeLayerWeights w = random_layer(spec, test::scheme(b.c.format, b.c.bits, b.c.group, b.c.sym, b.c.act_order), seed);
-    b.spoil(w);
-    const std::string host = test::error_of([&] { host_oracle::host_pack_layer(spec, w); });
-    EXPECT_THAT(host, StartsWith(b.message));
+  each_refusal(seed, [](const BadCase& b, const MoeLayerSpec& spec, const MoeLayerWeights& w, const std::string& host) {
     EXPECT_EQ(test::error_of([&] { CudaMoeLayer layer(spec, w); }), host);
     const auto t = tensors_of(w, b.c.scales, false, true);
     EXPECT_EQ(test::error_of([&] { CudaMoeLayer layer(spec, t->w); }), host);
-  }
+  });
   // Shapes and pointers are checked before anything runs.
   const Case c;
   const MoeLayerSpec spec = spec_of(c);
-  const MoeLayerWeights w = random_layer(spec, test::scheme(c.format, c.bits, c.group, c.sym), seed);
+  const MoeLayerWeights w = random_layer(spec, c.scheme(), seed);
   auto t = tensors_of(w, DType::F16, false, true);
   t->w.experts[2].down.N = 128;
   EXPECT_EQ(test::error_of([&] { CudaMoeLayer layer(spec, t->w); }),

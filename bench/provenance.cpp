@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <ctime>
 
+#include "common/knobs.h"
+
 namespace wna16::bench {
 
 std::string utc_now() {
@@ -17,7 +19,7 @@ std::string utc_now() {
 }
 
 std::string git_commit() {
-  if (const char* c = std::getenv("WNA16_GIT_COMMIT"); c && *c) return c;
+  if (std::string c = knobs::git_commit(); !c.empty()) return c;
   std::string out;
   if (FILE* p = popen("git rev-parse --short=12 HEAD 2>/dev/null", "r")) {
     char b[128];

@@ -38,5 +38,9 @@ int diag_stages() {
   const char* v = nonempty(std::getenv("WNA16_DIAG_STAGES"));
   return v ? whole("WNA16_DIAG_STAGES", v, 1, 6, "a stage count") : 6;
 }
+std::string git_commit() {
+  const char* v = nonempty(std::getenv("WNA16_GIT_COMMIT"));
+  return v ? v : "";
+}
 
 }  // namespace wna16::knobs

@@ -1,5 +1,5 @@
 // Every environment variable the library reads, read here and nowhere else (README.md's
-// "Environment" table lists the same five). Each is read when asked (a caller that wants one
+// "Environment" table lists the same six). Each is read when asked (a caller that wants one
 // value per process keeps it); a value that is set but malformed throws wna16::Error naming it.
 #pragma once
 #include <string>
@@ -16,5 +16,7 @@ bool cpu_trace();
 bool cuda_debug_sync();
 // WNA16_DIAG_STAGES: the CUDA layer launches only its first N stages, 1 to 6; 6 when unset.
 int diag_stages();
+// WNA16_GIT_COMMIT: the commit a benchmark names when run outside its git checkout; empty when unset.
+std::string git_commit();
 
 }  // namespace wna16::knobs

@@ -32,21 +32,23 @@ class ScopedEnv {
 
 TEST(Knobs, DefaultsWhenUnset) {
   ScopedEnv a("WNA16_DIAG_STAGES", nullptr), b("WNA16_CPU_THREADS", nullptr), c("WNA16_CPU_TRACE", nullptr),
-      d("WNA16_CUDA_DEBUG_SYNC", nullptr), e("WNA16_CPU_ISA", nullptr);
+      d("WNA16_CUDA_DEBUG_SYNC", nullptr), e("WNA16_CPU_ISA", nullptr), f("WNA16_GIT_COMMIT", nullptr);
   EXPECT_EQ(knobs::diag_stages(), 6);
   EXPECT_EQ(knobs::cpu_threads(), 0);
   EXPECT_FALSE(knobs::cpu_trace());
   EXPECT_FALSE(knobs::cuda_debug_sync());
   EXPECT_EQ(knobs::cpu_isa(), "");
+  EXPECT_EQ(knobs::git_commit(), "");
 }
 
 TEST(Knobs, ValuesAndFlags) {
   ScopedEnv a("WNA16_DIAG_STAGES", "3"), b("WNA16_CPU_TRACE", "0"), c("WNA16_CUDA_DEBUG_SYNC", "1"),
-      d("WNA16_CPU_ISA", "avx2");
+      d("WNA16_CPU_ISA", "avx2"), e("WNA16_GIT_COMMIT", "0123abcd");
   EXPECT_EQ(knobs::diag_stages(), 3);
   EXPECT_FALSE(knobs::cpu_trace());
   EXPECT_TRUE(knobs::cuda_debug_sync());
   EXPECT_EQ(knobs::cpu_isa(), "avx2");
+  EXPECT_EQ(knobs::git_commit(), "0123abcd");
 }
 
 TEST(Knobs, MalformedNumbersAreRefusedNamingTheValue) {

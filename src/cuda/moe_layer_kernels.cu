@@ -646,19 +646,17 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
   cluster.sync();  // a CTA's shared memory must outlive the other CTAs' reads of it
 }
 
-// The tiled router: 16-expert tiles for E_ext <= 16, else 64; H split over KS <= 8 CTAs (one
-// cluster) until the tiles x KS cover the SMs, keeping >= 8 k-steps (256 h) per CTA.
-template <class T, class R>
-void launch_router_tiled(const T* x, int64_t M, int64_t H, const R* router, int E, int E_ext, float* logits,
-                         float* gate_logit, float* zero, int64_t zero_n, cudaStream_t s) {
-  const bool narrow = E_ext <= 16;
-  const int TE = narrow ? 16 : 64, TM = 64 * 64 / TE;
+// A router kernel over (E_ext / TE) x (M / TM) tiles with H split over KS <= 8 CTAs of one cluster
+// (grid z) until the tiles x KS cover the SMs, keeping >= 8 k-steps of KSTEP per CTA; both the
+// tiled and the tensor-core kernels take these arguments.
+template <class T, class R, class Kernel>
+void launch_router_split_h(Kernel kern, int TE, int TM, int KSTEP, int threads, const T* x, int64_t M, int64_t H,
+                           const R* router, int E, int E_ext, float* logits, float* gate_logit, float* zero,
+                           int64_t zero_n, cudaStream_t s) {
   const int64_t tiles = int64_t((E_ext + TE - 1) / TE) * ((M + TM - 1) / TM);
-  if ((M + TM - 1) / TM > 65535) throw Error("router: M=" + std::to_string(M) + " exceeds the tiled router's grid");
-  const int64_t sms = sm_count();
-  int KS = int(std::clamp<int64_t>((sms + tiles - 1) / tiles, 1, kTileMaxSplit));
-  KS = int(std::min<int64_t>(KS, std::max<int64_t>(1, H / (8 * kTileK))));
-  const int k_per_split = int((H + KS * kTileK - 1) / (KS * kTileK) * kTileK);
+  int KS = int(std::clamp<int64_t>((sm_count() + tiles - 1) / tiles, 1, kTileMaxSplit));
+  KS = int(std::min<int64_t>(KS, std::max<int64_t>(1, H / (8 * KSTEP))));
+  const int k_per_split = int((H + KS * KSTEP - 1) / (KS * KSTEP) * KSTEP);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;
@@ -666,13 +664,24 @@ void launch_router_tiled(const T* x, int64_t M, int64_t H, const R* router, int 
   attr[0].val.clusterDim.z = unsigned(KS);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned((E_ext + TE - 1) / TE), unsigned((M + TM - 1) / TM), unsigned(KS));
-  cfg.blockDim = dim3(kTileThreads);
+  cfg.blockDim = dim3(unsigned(threads));
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, x, int(M), int(H), router, E, E_ext, k_per_split, logits, gate_logit,
+                                      reinterpret_cast<float4*>(zero), zero_n / 4));
+}
+
+// The tiled router: 16-expert tiles for E_ext <= 16, else 64.
+template <class T, class R>
+void launch_router_tiled(const T* x, int64_t M, int64_t H, const R* router, int E, int E_ext, float* logits,
+                         float* gate_logit, float* zero, int64_t zero_n, cudaStream_t s) {
+  const bool narrow = E_ext <= 16;
+  const int TE = narrow ? 16 : 64, TM = 64 * 64 / TE;
+  if ((M + TM - 1) / TM > 65535) throw Error("router: M=" + std::to_string(M) + " exceeds the tiled router's grid");
   auto kern = narrow ? router_tiled_kernel<T, R, 16> : router_tiled_kernel<T, R, 64>;
-  WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, x, int(M), int(H), router, E, E_ext, k_per_split, logits,
-                                      gate_logit, reinterpret_cast<float4*>(zero), zero_n / 4));
+  launch_router_split_h(kern, TE, TM, kTileK, kTileThreads, x, M, H, router, E, E_ext, logits, gate_logit, zero, zero_n,
+                        s);
 }
 
 }  // namespace
@@ -719,27 +728,11 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
       }
     }
     // Many tokens and experts: tensor cores (DeepSeek-V3 M=4096: 15 GFLOP that the fp32 tiled
-    // kernel took 0.74 ms for; M=1024 265 us there, 2026-12-02 ncu). Needs 16-byte x rows. H is
-    // split over a cluster of KS <= 8 CTAs until the tiles x KS cover the SMs (>= 8 k-tiles each).
-    const int64_t mma_tiles = int64_t((E_ext + kMmaTE - 1) / kMmaTE) * ((M + kMmaTM - 1) / kMmaTM);
+    // kernel took 0.74 ms for; M=1024 265 us there, 2026-12-02 ncu). Needs 16-byte x rows.
     if (M > kSmallMaxM && E_ext >= 32 && H % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
         reinterpret_cast<uintptr_t>(router) % 16 == 0 && (M + kMmaTM - 1) / kMmaTM <= 65535) {
-      int KS = int(std::clamp<int64_t>((sm_count() + mma_tiles - 1) / mma_tiles, 1, kTileMaxSplit));
-      KS = int(std::min<int64_t>(KS, std::max<int64_t>(1, H / (8 * kMmaTK))));
-      const int k_per_split = int((H + KS * kMmaTK - 1) / (KS * kMmaTK) * kMmaTK);
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 1;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = unsigned(KS);
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(unsigned((E_ext + kMmaTE - 1) / kMmaTE), unsigned((M + kMmaTM - 1) / kMmaTM), unsigned(KS));
-      cfg.blockDim = dim3(kMmaThreads);
-      cfg.stream = s;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, router_mma_kernel<T, R>, xt, int(M), int(H), rw, E, E_ext, k_per_split,
-                                          logits, gate_logit, reinterpret_cast<float4*>(zero), zero_n / 4));
+      launch_router_split_h(router_mma_kernel<T, R>, kMmaTE, kMmaTM, kMmaTK, kMmaThreads, xt, M, H, rw, E, E_ext, logits,
+                            gate_logit, zero, zero_n, s);
       return;
     }
     if (M <= kSmallMaxM) {

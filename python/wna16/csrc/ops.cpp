@@ -217,6 +217,90 @@ MoeWeightsPtr pack(at::TensorList qweight, at::TensorList scales, at::TensorList
     }
     if (correction_bias && correction_bias->defined()) mw.correction_bias = float_values(*correction_bias, "correction_bias");
     if (shared_gate && shared_gate->defined()) mw.shared_gate = float_values(*shared_gate, "shared_gate");
+    w->scheme = q.describe();
+    w->device = parse_device(device);
+#ifdef WNA16_TORCH_CUDA
+    if (w->device == Device::Cuda) {
+      // The checkpoint tensors go to the GPU as they are (int32 words, scales in their own f16 /
+      // bf16 / f32) and are packed there: no host copy of the weights.
+      const at::Device gpu(at::kCUDA, static_cast<c10::DeviceIndex>(current_cuda_device()));
+      std::vector<at::Tensor> keep;  // the GPU tensors the layer reads while it packs
+      auto on_gpu = [&](const at::Tensor& t, at::ScalarType type) {
+        keep.push_back(t.to(gpu, type).contiguous());
+        return keep.back().data_ptr();
+      };
+      auto two_d = [](const at::Tensor& t, const char* name, int64_t i) {
+        TORCH_CHECK_VALUE(t.defined() && t.dim() == 2, "wna16.pack: ", name, "[", i, "] has shape ",
+                          t.defined() ? shape_str(t) : std::string("(undefined)"), "; expected a 2-D tensor");
+      };
+      auto int32_type = [](const at::Tensor& t, const char* name, int64_t i) {
+        TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, "wna16.pack: ", name, "[", i,
+                         "] has dtype ", t.scalar_type(), "; expected int32");
+      };
+      auto elements = [](const at::Tensor& t, const std::string& what, const char* name, int64_t rows, int64_t cols) {
+        if (t.numel() != rows * cols)
+          throw Error(what + ": " + name + " has " + std::to_string(t.numel()) + " elements, expected " +
+                      std::to_string(rows * cols) + " ([" + std::to_string(rows) + ", " + std::to_string(cols) + "])");
+      };
+      auto linear = [&](int64_t i) {
+        const int64_t e = i / 3, which = i % 3;
+        const std::string what = (e < E ? "expert " + std::to_string(e) : std::string("shared expert")) + "." +
+                                 (which == 0 ? "gate" : which == 1 ? "up" : "down");
+        const at::Tensor &qw = qweight[size_t(i)], &sc = scales[size_t(i)], &qz = qzeros[size_t(i)];
+        two_d(qw, "qweight", i);
+        two_d(sc, "scales", i);
+        two_d(qz, "qzeros", i);
+        int32_type(qw, "qweight", i);
+        int32_type(qz, "qzeros", i);
+        TORCH_CHECK_TYPE(at::isFloatingType(sc.scalar_type()), "wna16.pack: scales[", i, "] has dtype ",
+                         sc.scalar_type(), "; expected float16, bfloat16 or float32");
+        cuda::DeviceQuantizedLinear d;
+        d.scheme = q;
+        d.K = q.format == Format::Awq ? qw.size(0) : qw.size(0) * 32 / q.bits;
+        d.N = q.format == Format::Awq ? qw.size(1) * 32 / q.bits : qw.size(1);
+        const int64_t width = e < E ? inter : shared_inter;
+        const int64_t K = which == 2 ? width : hidden, N = which == 2 ? hidden : width;
+        if (d.K != K || d.N != N)
+          throw Error(what + " is [K=" + std::to_string(d.K) + ", N=" + std::to_string(d.N) + "], expected [K=" +
+                      std::to_string(K) + ", N=" + std::to_string(N) + "]");
+        try {
+          q.validate(K, N);
+        } catch (const Error& err) {
+          throw Error(what + ": " + err.what());
+        }
+        const int64_t G = q.num_groups(K);
+        elements(qz, what, "qzeros", G, q.format == Format::Awq ? N / 8 : N * q.bits / 32);
+        elements(sc, what, "scales", G, N);
+        d.qweight = static_cast<const int32_t*>(on_gpu(qw, at::kInt));
+        d.qzeros = static_cast<const int32_t*>(on_gpu(qz, at::kInt));
+        const at::ScalarType st = sc.scalar_type() == at::kHalf || sc.scalar_type() == at::kBFloat16
+                                      ? sc.scalar_type() : at::kFloat;
+        d.scales = on_gpu(sc, st);
+        d.scales_dtype = st == at::kHalf ? DType::F16 : st == at::kBFloat16 ? DType::BF16 : DType::F32;
+        if (!g_idx.empty() && g_idx[size_t(i)].defined() && g_idx[size_t(i)].numel() > 0) {
+          const at::Tensor& gi = g_idx[size_t(i)];
+          TORCH_CHECK_VALUE(gi.dim() == 1, "wna16.pack: g_idx[", i, "] has shape ", shape_str(gi), "; expected [K]");
+          int32_type(gi, "g_idx", i);
+          if (gi.numel() != K)
+            throw Error(what + ": g_idx has " + std::to_string(gi.numel()) + " elements, expected K=" + std::to_string(K));
+          d.g_idx = static_cast<const int32_t*>(on_gpu(gi, at::kInt));
+        }
+        return d;
+      };
+      cuda::DeviceMoeLayerWeights dw;
+      dw.router = std::move(mw.router);
+      dw.correction_bias = std::move(mw.correction_bias);
+      dw.shared_gate = std::move(mw.shared_gate);
+      for (int64_t e = 0; e < E; ++e) dw.experts.push_back({linear(3 * e), linear(3 * e + 1), linear(3 * e + 2)});
+      if (shared) dw.shared = cuda::DeviceExpertWeights{linear(3 * E), linear(3 * E + 1), linear(3 * E + 2)};
+      // The layer packs on the legacy default stream: first wait for the current stream, which wrote
+      // or copied the tensors, by reading one element back (a synchronous copy on that stream).
+      (void)keep.front().flatten().slice(0, 0, 1).cpu();
+      w->cuda_device = current_cuda_device();
+      w->cuda_layer = std::make_unique<cuda::CudaMoeLayer>(w->spec, dw);
+      return w;
+    }
+#endif
     auto expert = [&](int64_t e) {
       return ExpertWeights{linear_from(q, qweight, scales, qzeros, g_idx, 3 * e),
                            linear_from(q, qweight, scales, qzeros, g_idx, 3 * e + 1),
@@ -224,8 +308,6 @@ MoeWeightsPtr pack(at::TensorList qweight, at::TensorList scales, at::TensorList
     };
     for (int64_t e = 0; e < E; ++e) mw.experts.push_back(expert(e));
     if (shared) mw.shared = expert(E);
-    w->scheme = q.describe();
-    w->device = parse_device(device);
     build_layer(*w, mw);
   } catch (const Error& e) {
     TORCH_CHECK_VALUE(false, "wna16.pack: ", e.what());

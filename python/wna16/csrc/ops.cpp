@@ -366,7 +366,19 @@ TORCH_LIBRARY(wna16, m) {
       .def("num_experts", [](const MoeWeightsPtr& self) { return int64_t(self->spec.routing.num_experts); })
       .def("top_k", [](const MoeWeightsPtr& self) { return int64_t(self->spec.routing.top_k); })
       .def("has_router", [](const MoeWeightsPtr& self) { return self->has_router; })
-      .def("device", [](const MoeWeightsPtr& self) { return std::string(device_name(self->device)); });
+      .def("device", [](const MoeWeightsPtr& self) { return std::string(device_name(self->device)); })
+      // torch.compile: Dynamo guards a traced graph on the object's flattened state, and traces the
+      // ops with the real object ("real": no Python fake class; the Meta kernels below read its
+      // shapes), since packed weights are immutable and their methods have no side effects.
+      .def("__obj_flatten__",
+           [](const MoeWeightsPtr& self) {
+             return std::make_tuple(std::make_tuple(std::string("describe"), self->describe()),
+                                    std::make_tuple(std::string("hidden"), int64_t(self->spec.hidden)),
+                                    std::make_tuple(std::string("inter"), int64_t(self->spec.inter)),
+                                    std::make_tuple(std::string("num_experts"), int64_t(self->spec.routing.num_experts)),
+                                    std::make_tuple(std::string("top_k"), int64_t(self->spec.routing.top_k)));
+           })
+      .def("tracing_mode", [](const MoeWeightsPtr&) { return std::string("real"); });
 
   m.def(
       "pack(Tensor[] qweight, Tensor[] scales, Tensor[] qzeros, Tensor[] g_idx, str format, int bits, "

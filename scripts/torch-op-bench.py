@@ -47,8 +47,9 @@ def packed_layer(name, gen):
     H, I, E, k, routing, renorm, ng, tg, scale, SI = PRESETS[name]
     experts = [expert(H, I, gen) for _ in range(E)]
     shared = expert(H, SI, gen) if SI else None
-    router = torch.randn(E, H, device="cuda", generator=gen) * 0.02
-    bias = torch.zeros(E, device="cuda") if routing == "noaux_tc" else None
+    # As the bench's layers (bench/cuda/bench_weights.cpp): a bf16-exact router N(0, 1/H), bias N(0, 0.02^2).
+    router = (torch.randn(E, H, device="cuda", generator=gen) / H**0.5).bfloat16().float()
+    bias = torch.randn(E, device="cuda", generator=gen) * 0.02 if routing == "noaux_tc" else None
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     W = wna16.pack(experts, format="gptq", bits=BITS, group_size=GROUP, hidden=H, inter=I, top_k=k, router=router,

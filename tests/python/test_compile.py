@@ -83,3 +83,4 @@ def test_compiled_moe_layer_gives_the_eager_output(layer_of, device):  # noqa: F
     layer = wna16.MoeLayer(W)  # the nn.Module, on [B, T, hidden]
     xb = x.reshape(3, 11, -1)
     assert torch.equal(torch.compile(layer, fullgraph=True, backend=BACKEND[device])(xb), layer(xb))
+

@@ -157,6 +157,9 @@ def test_weights_object(layer_of):
     w = L.weights
     assert (w.hidden(), w.num_experts(), w.top_k(), w.device(), w.has_router()) == (L.H, len(L.experts), 2, "cpu", True)
     assert "awq 4-bit" in w.describe()
+    # Equality is identity (torch.compile's fake-tensor dispatch cache compares its arguments with ==).
+    other = wna16.pack(L.experts, router=L.router, renormalize=False, shared=L.shared, shared_gate=L.shared_gate, **L.kw)
+    assert w == w and not (w == other)
 
 
 # ---- bad input raises, naming the value ------------------------------------------------------------

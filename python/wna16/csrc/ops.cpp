@@ -378,7 +378,10 @@ TORCH_LIBRARY(wna16, m) {
                                     std::make_tuple(std::string("num_experts"), int64_t(self->spec.routing.num_experts)),
                                     std::make_tuple(std::string("top_k"), int64_t(self->spec.routing.top_k)));
            })
-      .def("tracing_mode", [](const MoeWeightsPtr&) { return std::string("real"); });
+      .def("tracing_mode", [](const MoeWeightsPtr&) { return std::string("real"); })
+      // Identity: the fake-tensor dispatch cache keys an op call on its arguments, this object
+      // among them, and compares keys with ==.
+      .def("__eq__", [](const MoeWeightsPtr& self, const MoeWeightsPtr& other) { return self.get() == other.get(); });
 
   m.def(
       "pack(Tensor[] qweight, Tensor[] scales, Tensor[] qzeros, Tensor[] g_idx, str format, int bits, "

@@ -647,14 +647,17 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
 }
 
 // A router kernel over (E_ext / TE) x (M / TM) tiles with H split over KS <= 8 CTAs of one cluster
-// (grid z) until the tiles x KS cover the SMs, keeping >= 8 k-steps of KSTEP per CTA; both the
-// tiled and the tensor-core kernels take these arguments.
+// (grid z) until the tiles x KS cover the SMs kRouterCtasPerSm times, keeping >= 8 k-steps of KSTEP
+// per CTA; both the tiled and the tensor-core kernels take these arguments. Several CTAs per SM:
+// each CTA's k-loop waits on its own loads (one register-staged tile), so the SM needs several of
+// them in flight (ncu, DeepSeek-V3 M=4096, one CTA per tile: 305 us, 7.7 warps per SM, issue 17%).
+constexpr int kRouterCtasPerSm = 8;
 template <class T, class R, class Kernel>
 void launch_router_split_h(Kernel kern, int TE, int TM, int KSTEP, int threads, const T* x, int64_t M, int64_t H,
                            const R* router, int E, int E_ext, float* logits, float* gate_logit, float* zero,
                            int64_t zero_n, cudaStream_t s) {
   const int64_t tiles = int64_t((E_ext + TE - 1) / TE) * ((M + TM - 1) / TM);
-  int KS = int(std::clamp<int64_t>((sm_count() + tiles - 1) / tiles, 1, kTileMaxSplit));
+  int KS = int(std::clamp<int64_t>((kRouterCtasPerSm * sm_count() + tiles - 1) / tiles, 1, kTileMaxSplit));
   KS = int(std::min<int64_t>(KS, std::max<int64_t>(1, H / (8 * KSTEP))));
   const int k_per_split = int((H + KS * KSTEP - 1) / (KS * KSTEP) * KSTEP);
   cudaLaunchAttribute attr[1];

@@ -59,14 +59,15 @@ constexpr ConfigRow kConfigs[] = {
     // GEMM1's x in m-block order (the barrier-free k-loop in both GEMMs, CfgM64W::BARRIER_FREE):
     // DeepSeek-V3 M=1024 5040 -> 4594 us, Mixtral M=128 758 -> 638, M=256 1040 -> 939 (2026-12-02,
     // f3253ca + the change, H200, two rounds).
-    // With the k-loop unrolled over the ring (3cd5918, H200, us m64w / m144w) m64w is faster to 128
-    // per expert: DeepSeek-V3 M=2048 (64) 5637 / 7953, Qwen1.5-MoE M=1024 (68) 504 / 657,
-    // DeepSeek-V2-Lite M=1024 (96) 495 / 583, Mixtral M=512 (128) 1144 / 1256, Qwen3-30B-A3B
-    // M=2048 (128) 648 / 662.
-    {"m64w", gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 128.0, kNever},
-    // The wgmma kernel with 144-token blocks (one per SM) above 128 per expert: at 256 Qwen3-30B-A3B
-    // M=4096 960 / 865 us (m64w / m144w, both barrier-free, 2026-12-02, H200); between 128 and 256
-    // not measured with the barrier-free m144w. No act-order gather.
+    // Up to 80 per expert since m144w's barrier-free loop (a4f9dfb): against it (2026-12-02, H200,
+    // 232d1cf, two rounds, us m64w / m144w) 64 per expert Qwen3-30B-A3B M=1024 341-345 / 385, DeepSeek-V3
+    // M=2048 5483-5511 / 5824-5874, Mixtral M=256 728 / 712-722; 68 Qwen1.5-MoE M=1024 457-472 / 472-474.
+    {"m64w", gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 80.0, kNever},
+    // The wgmma kernel with 144-token blocks (one per SM) above 80 per expert, where m64w dequantises
+    // the weights for two or three m-blocks (the same runs, us m64w / m144w): 96 per expert
+    // DeepSeek-V2-Lite M=1024 450-452 / 424-425; 128 DeepSeek-V3 M=4096 9070-9332 / 8164-8397, Mixtral
+    // M=512 1121-1132 / 899; 136 Qwen1.5-MoE M=2048 815-824 / 712-721; 192 DeepSeek-V2-Lite M=2048
+    // 784-785 / 785-794; 256 Qwen3-30B-A3B M=4096 960 / 865 (2026-12-02). No act-order gather.
     {"m144w", gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever},
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));

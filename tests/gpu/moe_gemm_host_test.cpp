@@ -24,7 +24,8 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
   ASSERT_GE(config, 0);
   EXPECT_EQ(choose_gemm_config(8192, 8, 256, false), config);  // DeepSeek-V3 prefill: ~256 per expert
   EXPECT_EQ(choose_gemm_config(1024, 2, 8, false), config);     // Mixtral: 256 per expert
-  EXPECT_NE(choose_gemm_config(512, 2, 8, false), config);      // 128 per expert, the bound: m64w
+  EXPECT_EQ(choose_gemm_config(512, 2, 8, false), config);      // 128 per expert
+  EXPECT_NE(choose_gemm_config(320, 2, 8, false), config);      // 80 per expert, the bound: m64w
   EXPECT_FALSE(gemm_config_gathers(config));
   EXPECT_NE(choose_gemm_config(8192, 8, 256, true), config);
   int dummy = 0;
@@ -40,7 +41,7 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
 
 // The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 8.5 without
 // act-order (8 with it), the staged m32 kernel for act-order with its own gather up to 40 and m64
-// above; without it the wgmma kernel, m32w up to 28, m64w to 128, m144w above.
+// above; without it the wgmma kernel, m32w up to 28, m64w to 80, m144w above.
 TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
   const int m8 = config_named("m8"), m32 = config_named("m32"), m64 = config_named("m64"),
             m32w = config_named("m32w"), m64w = config_named("m64w"), m144w = config_named("m144w");
@@ -61,8 +62,8 @@ TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
     EXPECT_EQ(choose_gemm_config(29, 1, 1, gather), gather ? m32 : m64w);
     EXPECT_EQ(choose_gemm_config(40, 1, 1, gather), gather ? m32 : m64w);
     EXPECT_EQ(choose_gemm_config(41, 1, 1, gather), gather ? m64 : m64w);
-    EXPECT_EQ(choose_gemm_config(128, 1, 1, gather), gather ? m64 : m64w);
-    EXPECT_EQ(choose_gemm_config(129, 1, 1, gather), gather ? m64 : m144w);
+    EXPECT_EQ(choose_gemm_config(80, 1, 1, gather), gather ? m64 : m64w);
+    EXPECT_EQ(choose_gemm_config(81, 1, 1, gather), gather ? m64 : m144w);
     EXPECT_EQ(choose_gemm_config(100000, 1, 1, gather), gather ? m64 : m144w);
   }
   for (int c = 0; c < gemm_config_count(); ++c) EXPECT_EQ(config_named(gemm_config_name(c)), c);

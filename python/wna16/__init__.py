@@ -18,6 +18,12 @@ torch.ops.load_library(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 
 from .layer import MoeLayer  # noqa: E402
 
+# torch >= 2.4: shape functions in Python and a fake weights class, for torch.compile (_fake.py).
+if hasattr(torch.library, "register_fake") and hasattr(getattr(torch, "_library", None), "register_fake_class"):
+    from . import _fake  # noqa: E402
+
+    _fake.register()
+
 MoeWeights = torch.classes.wna16.MoeWeights
 ops = torch.ops.wna16
 
@@ -85,7 +91,8 @@ def moe(x, topk_ids, topk_weights, weights, out=None):
     """
     if out is None:
         return ops.moe(x, topk_ids, topk_weights, weights)
-    return ops.moe_out(x, topk_ids, topk_weights, weights, out=out)
+    ops.moe_out(x, topk_ids, topk_weights, weights, out=out)  # returns nothing (a mutating op, for torch.compile)
+    return out
 
 
 def moe_layer(x, weights):

@@ -1,8 +1,9 @@
 """torch.compile(fullgraph=True) of modules that call torch.ops.wna16: the compiled module gives the
-eager module's output bit for bit (the same kernels run), with the weights object as a module
-attribute and as an argument, for moe, moe_out and moe_layer, on the CPU (aot_eager) and on CUDA
-(inductor). The weights object is traced as itself (MoeWeights.tracing_mode() is "real") and guarded
-through __obj_flatten__. Skipped where torch has no torch.compile for custom classes (< 2.4)."""
+eager module's output (the same kernels run: bit for bit on the CPU, within eager's own rerun spread
+on CUDA), with the weights object as a module attribute and as an argument, for moe, moe_out and
+moe_layer, on the CPU (aot_eager) and on CUDA (inductor). The weights object is traced as a fake
+object (python/wna16/_fake.py) built from its __obj_flatten__ state, which also guards the compiled
+graph. Skipped where torch has no torch.compile for custom classes (< 2.4)."""
 import pytest
 import torch
 
@@ -35,6 +36,19 @@ class MoeArg(torch.nn.Module):
         return out.float().sum(dim=-1)
 
 
+def same(a, b, device):
+    """The compiled module's output against eager's: bit for bit on the CPU; on CUDA within one bf16 unit
+    in the last place of the output's largest magnitude, the spread of eager's own reruns there (GEMM2
+    sums the top-k experts with fp32 atomics in no fixed order, so the CUDA layer is not
+    bit-reproducible; a 1-ulp difference of the layer's output survives the module's own arithmetic
+    only on that scale)."""
+    if device == "cpu":
+        return torch.equal(a, b)
+    a, b = a.float(), b.float()
+    scale = float(b.abs().max()) if b.numel() else 0.0
+    return a.shape == b.shape and float((a - b).abs().max()) <= scale * 2.0**-7
+
+
 def packed(L, device):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA build of torch and a GPU")
@@ -57,7 +71,7 @@ def test_compiled_moe_module_gives_the_eager_output(layer_of, device):  # noqa: 
     compiled = torch.compile(MoeAttr(W), fullgraph=True, backend=BACKEND[device])
     for M, seed in ((17, 1), (17, 2), (40, 3)):  # a second call reuses the graph; a new M may recompile
         x, ids, wts = inputs(L, M, device, seed)
-        assert torch.equal(compiled(x, ids, wts), eager(x, ids, wts)), f"{device} M={M}"
+        assert same(compiled(x, ids, wts), eager(x, ids, wts), device), f"{device} M={M}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -69,7 +83,8 @@ def test_compiled_moe_out_with_weights_as_argument(layer_of, device):  # noqa: F
     out_e, out_c = torch.empty_like(x), torch.empty_like(x)
     want = MoeArg()(x, ids, wts, W, out_e)
     got = torch.compile(MoeArg(), fullgraph=True, backend=BACKEND[device])(x, ids, wts, W, out_c)
-    assert torch.equal(got, want) and torch.equal(out_c, out_e)
+    assert same(out_c, out_e, device)
+    assert torch.equal(got, want) if device == "cpu" else torch.allclose(got, want, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -79,8 +94,8 @@ def test_compiled_moe_layer_gives_the_eager_output(layer_of, device):  # noqa: F
     torch._dynamo.reset()
     f = lambda x: torch.ops.wna16.moe_layer(x, W)  # noqa: E731
     x, _, _ = inputs(L, 33, device, 11)
-    assert torch.equal(torch.compile(f, fullgraph=True, backend=BACKEND[device])(x), f(x))
+    assert same(torch.compile(f, fullgraph=True, backend=BACKEND[device])(x), f(x), device)
     layer = wna16.MoeLayer(W)  # the nn.Module, on [B, T, hidden]
     xb = x.reshape(3, 11, -1)
-    assert torch.equal(torch.compile(layer, fullgraph=True, backend=BACKEND[device])(xb), layer(xb))
+    assert same(torch.compile(layer, fullgraph=True, backend=BACKEND[device])(xb), layer(xb), device)
 

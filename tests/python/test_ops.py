@@ -1,6 +1,7 @@
 """torch.ops.wna16 on the CPU against a pure-torch float64 reference built from the
 checkpoint-layout tensors (dequantized in the test, per formats.md), with the library's
 layer_tolerance; plus the out= variant, the Meta kernels, and the refusals of bad input."""
+import pickle
 import re
 
 import pytest
@@ -160,6 +161,9 @@ def test_weights_object(layer_of):
     # Equality is identity (torch.compile's fake-tensor dispatch cache compares its arguments with ==).
     other = wna16.pack(L.experts, router=L.router, renormalize=False, shared=L.shared, shared_gate=L.shared_gate, **L.kw)
     assert w == w and not (w == other)
+    # Not serialisable: a TypeError (torch.compile's code generation treats it as "cannot pickle").
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(w)
 
 
 # ---- bad input raises, naming the value ------------------------------------------------------------

@@ -3,15 +3,21 @@
 //   pack(...) -> MoeWeights                 checkpoint-layout tensors of E experts, packed once
 //   load_checkpoint_layer(path, layer, device) -> MoeWeights   a Hugging Face directory's layer
 //   moe(x, topk_ids, topk_weights, weights) -> Tensor            routing decided by the caller
-//   moe_out(x, topk_ids, topk_weights, weights, *, out) -> out   the same into a given tensor
+//   moe_out(x, topk_ids, topk_weights, weights, *, out) -> ()    the same into a given tensor
 //   moe_layer(x, weights) -> Tensor                              the whole layer, router included
 //   layer_tolerance(dtype) -> float                              backend.h's layer_tolerance
 //
 // This file holds the schemas, the custom class, the device-free ops (catch-all kernels) and the
-// Meta kernels (shape and dtype only). Each device's kernels live in their own file and register
+// Meta kernels (shape and dtype only; torch < 2.4, else python/wna16/_fake.py). Each device's kernels live in their own file and register
 // with TORCH_LIBRARY_IMPL(wna16, <key>, m): ops_cpu.cpp (CPU) and ops_cuda.cpp (CUDA, where Torch
 // has CUDA; ops_cuda_pending.cpp, an error naming the missing build, where it has not).
 #include <ATen/ATen.h>
+#include <torch/version.h>
+
+// The C++ Meta kernels serve torch < 2.4; newer torch takes the shape functions from Python
+// (torch.library.register_fake, _fake.py), which torch.compile's fake weights object needs and which
+// a C++ Meta kernel would forbid.
+#define WNA16_CPP_META (TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 4))
 
 #include <string>
 #include <vector>
@@ -336,24 +342,25 @@ double tolerance(at::ScalarType dtype) {
   return layer_tolerance(dtype == at::kHalf ? DType::F16 : DType::BF16);  // F32 is computed in BF16
 }
 
-// ---- Meta kernels: shape and dtype only ---------------------------------------------------------
+// ---- Meta kernels: shape and dtype only (torch < 2.4) -------------------------------------------
+#if WNA16_CPP_META
 
 at::Tensor moe_meta(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& wts, MoeWeightsPtr w) {
   check_moe_args(x, &ids, &wts, *w, "wna16.moe");
   return at::empty_like(x, at::MemoryFormat::Contiguous);
 }
 
-at::Tensor& moe_out_meta(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& wts, MoeWeightsPtr w,
-                         at::Tensor& out) {
+void moe_out_meta(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& wts, MoeWeightsPtr w,
+                  at::Tensor& out) {
   check_moe_args(x, &ids, &wts, *w, "wna16.moe_out");
   check_out(x, out, "wna16.moe_out");
-  return out;
 }
 
 at::Tensor moe_layer_meta(const at::Tensor& x, MoeWeightsPtr w) {
   check_moe_args(x, nullptr, nullptr, *w, "wna16.moe_layer");
   return at::empty_like(x, at::MemoryFormat::Contiguous);
 }
+#endif
 
 }  // namespace
 
@@ -367,21 +374,31 @@ TORCH_LIBRARY(wna16, m) {
       .def("top_k", [](const MoeWeightsPtr& self) { return int64_t(self->spec.routing.top_k); })
       .def("has_router", [](const MoeWeightsPtr& self) { return self->has_router; })
       .def("device", [](const MoeWeightsPtr& self) { return std::string(device_name(self->device)); })
-      // torch.compile: Dynamo guards a traced graph on the object's flattened state, and traces the
-      // ops with the real object ("real": no Python fake class; the Meta kernels below read its
-      // shapes), since packed weights are immutable and their methods have no side effects.
+      // torch.compile: Dynamo guards a traced graph on the object's flattened state and traces the
+      // ops with a fake object built from it (python/wna16/_fake.py: FakeMoeWeights).
       .def("__obj_flatten__",
            [](const MoeWeightsPtr& self) {
              return std::make_tuple(std::make_tuple(std::string("describe"), self->describe()),
                                     std::make_tuple(std::string("hidden"), int64_t(self->spec.hidden)),
                                     std::make_tuple(std::string("inter"), int64_t(self->spec.inter)),
                                     std::make_tuple(std::string("num_experts"), int64_t(self->spec.routing.num_experts)),
-                                    std::make_tuple(std::string("top_k"), int64_t(self->spec.routing.top_k)));
+                                    std::make_tuple(std::string("top_k"), int64_t(self->spec.routing.top_k)),
+                                    std::make_tuple(std::string("has_router"), self->has_router),
+                                    std::make_tuple(std::string("device"), std::string(device_name(self->device))));
            })
-      .def("tracing_mode", [](const MoeWeightsPtr&) { return std::string("real"); })
       // Identity: the fake-tensor dispatch cache keys an op call on its arguments, this object
       // among them, and compares keys with ==.
-      .def("__eq__", [](const MoeWeightsPtr& self, const MoeWeightsPtr& other) { return self.get() == other.get(); });
+      .def("__eq__", [](const MoeWeightsPtr& self, const MoeWeightsPtr& other) { return self.get() == other.get(); })
+      // Not serialisable (packed device buffers): a TypeError, which torch.compile's code generation
+      // (its benchmark harness pickles graph inputs) and copy.deepcopy handle as "cannot pickle".
+      .def_pickle(
+          [](const MoeWeightsPtr& self) -> std::string {
+            TORCH_CHECK_TYPE(false, "wna16 MoeWeights (", self->describe(),
+                             ") cannot be pickled or copied: pack the checkpoint's tensors again");
+          },
+          [](std::string) -> MoeWeightsPtr {
+            TORCH_CHECK_TYPE(false, "wna16 MoeWeights cannot be unpickled: pack the checkpoint's tensors again");
+          });
 
   m.def(
       "pack(Tensor[] qweight, Tensor[] scales, Tensor[] qzeros, Tensor[] g_idx, str format, int bits, "
@@ -398,15 +415,17 @@ TORCH_LIBRARY(wna16, m) {
   m.def("moe(Tensor x, Tensor topk_ids, Tensor topk_weights, __torch__.torch.classes.wna16.MoeWeights weights) -> Tensor");
   m.def(
       "moe_out(Tensor x, Tensor topk_ids, Tensor topk_weights, __torch__.torch.classes.wna16.MoeWeights weights, *, "
-      "Tensor(a!) out) -> Tensor(a!)");
+      "Tensor(a!) out) -> ()");
   m.def("moe_layer(Tensor x, __torch__.torch.classes.wna16.MoeWeights weights) -> Tensor");
 }
 
+#if WNA16_CPP_META
 TORCH_LIBRARY_IMPL(wna16, Meta, m) {
   m.impl("moe", &moe_meta);
   m.impl("moe_out", &moe_out_meta);
   m.impl("moe_layer", &moe_layer_meta);
 }
+#endif
 
 // Inference ops without a backward: torch 1.13 has no autograd fallthrough for Meta (it has for CPU
 // and CUDA), so the Meta kernels are reached through an explicit one.

@@ -54,8 +54,8 @@ at::Tensor moe_cpu(const at::Tensor& x, const at::Tensor& ids, const at::Tensor&
   return forward(x, ids, wts, *w, "wna16.moe");
 }
 
-at::Tensor& moe_out_cpu(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& wts, MoeWeightsPtr w,
-                        at::Tensor& out) {
+void moe_out_cpu(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& wts, MoeWeightsPtr w,
+                 at::Tensor& out) {
   check_moe_args(x, &ids, &wts, *w, "wna16.moe_out");
   check_out(x, out, "wna16.moe_out");
   require_cpu(x, *w, "wna16.moe_out");
@@ -64,7 +64,6 @@ at::Tensor& moe_out_cpu(const at::Tensor& x, const at::Tensor& ids, const at::Te
   } else {
     out.copy_(forward(x, ids, wts, *w, "wna16.moe_out"));  // F32: computed in BF16
   }
-  return out;
 }
 
 at::Tensor moe_layer_cpu(const at::Tensor& x, MoeWeightsPtr w) {

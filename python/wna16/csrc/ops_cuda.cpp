@@ -85,8 +85,8 @@ at::Tensor moe_cuda(const at::Tensor& x, const at::Tensor& ids, const at::Tensor
   return forward(x, ids, wts, *w, "wna16.moe");
 }
 
-at::Tensor& moe_out_cuda(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& wts, MoeWeightsPtr w,
-                         at::Tensor& out) {
+void moe_out_cuda(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& wts, MoeWeightsPtr w,
+                  at::Tensor& out) {
   check_routed(x, ids, wts, *w, "wna16.moe_out");
   check_out(x, out, "wna16.moe_out");
   const c10::cuda::CUDAGuard guard(x.device());
@@ -95,7 +95,6 @@ at::Tensor& moe_out_cuda(const at::Tensor& x, const at::Tensor& ids, const at::T
   } else {
     out.copy_(forward(x, ids, wts, *w, "wna16.moe_out"));  // F32 (computed in BF16) or a misaligned out
   }
-  return out;
 }
 
 at::Tensor moe_layer_cuda(const at::Tensor& x, MoeWeightsPtr w) {

@@ -15,7 +15,7 @@ namespace {
 }
 
 at::Tensor moe_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&, MoeWeightsPtr) { pending("wna16.moe"); }
-at::Tensor& moe_out_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&, MoeWeightsPtr, at::Tensor&) {
+void moe_out_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&, MoeWeightsPtr, at::Tensor&) {
   pending("wna16.moe_out");
 }
 at::Tensor moe_layer_cuda(const at::Tensor&, MoeWeightsPtr) { pending("wna16.moe_layer"); }

@@ -1,6 +1,5 @@
 // Router logits (fp32 accumulation) and the shared-expert slots (the activation-movement kernels:
 // activation_kernels.cu).
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -13,6 +12,7 @@
 #include <type_traits>
 #include <string>
 
+#include "cuda/cluster.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/moe_layer_kernels.h"
 #include "cuda/pdl.cuh"
@@ -22,7 +22,6 @@
 namespace wna16::cuda {
 namespace {
 
-namespace cg = cooperative_groups;
 
 template <class T>
 __device__ __forceinline__ float to_f(T v);
@@ -216,9 +215,9 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
   pdl_launch_dependents();
   constexpr int MC = 16 / RW;  // tokens per pass: RW x MC = 16 sums per lane
   extern __shared__ __align__(16) unsigned char smem[];
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int C = static_cast<int>(cluster.num_blocks());
-  const int c = static_cast<int>(cluster.block_rank());
+  const ClusterView cluster;
+  const int C = cluster.size();
+  const int c = cluster.rank();
   const int RN = WR * RW, WH = kSplitWarps / WR;  // router rows per CTA
   unsigned short* xs = reinterpret_cast<unsigned short*>(smem);                  // [M][Hs]
   float* part = reinterpret_cast<float*>(smem + size_t(M) * Hs * 2);             // [WH][M][RN]
@@ -304,7 +303,7 @@ __global__ void __launch_bounds__(kSplitThreads, 1)
   for (int i = c * kSplitThreads + tid; i < M * RN; i += C * kSplitThreads) {
     float v[kSplitCluster];
 #pragma unroll
-    for (int r = 0; r < kSplitCluster; ++r) v[r] = r < C ? *cluster.map_shared_rank(red + i, r) : 0.f;
+    for (int r = 0; r < kSplitCluster; ++r) v[r] = r < C ? *cluster.map(red + i, r) : 0.f;
     float s = 0.f;
 #pragma unroll
     for (int r = 0; r < kSplitCluster; ++r) s += v[r];
@@ -386,14 +385,14 @@ __global__ void __launch_bounds__(kTileThreads)
   for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) part[(ty * 4 + i) * TE + tx * 4 + j] = acc[i][j];
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int KS = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  const ClusterView cluster;
+  const int KS = cluster.size(), rank = cluster.rank();
   cluster.sync();
   for (int o = rank * kTileThreads + threadIdx.x; o < TM * TE; o += KS * kTileThreads) {
     const int m = m0 + o / TE, e = e0 + o % TE;
     if (m >= M || e >= E_ext) continue;
     float v = 0.f;
-    for (int r = 0; r < KS; ++r) v += *cluster.map_shared_rank(part + o, r);
+    for (int r = 0; r < KS; ++r) v += *cluster.map(part + o, r);
     if (e < E) logits[int64_t(m) * E + e] = v;
     else gate_logit[m] = v;
   }
@@ -609,8 +608,8 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
     }
   }
   // C fragment: rows (tokens) g, g + 8 of each 16; columns (experts) 2t, 2t + 1 of each 8.
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int KS = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  const ClusterView cluster;
+  const int KS = cluster.size(), rank = cluster.rank();
   auto put = [&](int m, int e, float v) {
     if (m >= M || e >= E_ext) return;
     if (e < E) logits[int64_t(m) * E + e] = v;
@@ -640,7 +639,7 @@ __global__ void __launch_bounds__(kMmaThreads) router_mma_kernel(const T* __rest
   cluster.sync();
   for (int o = rank * kMmaThreads + tid; o < kMmaTM * kMmaTE; o += KS * kMmaThreads) {
     float v = 0.f;
-    for (int q = 0; q < KS; ++q) v += *cluster.map_shared_rank(part + o, q);
+    for (int q = 0; q < KS; ++q) v += *cluster.map(part + o, q);
     put(m0 + o / kMmaTE, e0 + o % kMmaTE, v);
   }
   cluster.sync();  // a CTA's shared memory must outlive the other CTAs' reads of it

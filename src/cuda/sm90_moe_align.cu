@@ -35,7 +35,6 @@
 //              expert_ids (binary search over the padded offsets; -1 past the padded total), spread
 //              over every thread of the cluster. The padding and the scattered slots never overlap,
 //              so no ordering between 3 and 4 is needed.
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,6 +44,7 @@
 #include <string>
 
 #include "cuda/align_tuning.h"
+#include "cuda/cluster.cuh"
 #include "cuda/cuda_check.h"
 #include "cuda/pdl.cuh"
 #include "wna16/cuda_kernels.h"
@@ -54,7 +54,6 @@
 namespace wna16::cuda {
 namespace {
 
-namespace cg = cooperative_groups;
 
 // ---- configuration (may change speed, never results) -------------------------------------------
 // The cluster kernel comes in two block sizes: each expert gets one thread in the prefix step, so
@@ -77,14 +76,6 @@ __device__ __forceinline__ unsigned lanemask_lt() {
   unsigned m;
   asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
   return m;
-}
-
-// Split cluster barrier (relaxed: it orders nothing by itself; each use says what it is for).
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait;\n" ::: "memory");
 }
 
 // The lanes of this warp whose key equals this lane's (valid keys >= 0). kPeers = 0: one
@@ -271,9 +262,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int2 warp_sums[kWarps];
   __shared__ int32_t n_staged;
 
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int n_cta = static_cast<int>(cluster.num_blocks());
-  const int cta = static_cast<int>(cluster.block_rank());
+  const ClusterView cluster;
+  const int n_cta = cluster.size();
+  const int cta = cluster.rank();
   const int tid = threadIdx.x, warp = tid >> 5;
   const int E4 = (E + 3) / 4 * 4;  // totals rows of whole int4s
   int32_t* const counts = reinterpret_cast<int32_t*>(dynamic_smem);  // per-warp counters
@@ -283,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Arrive now, wait before the first remote store: by then every CTA of the cluster has started
   // (its shared memory exists). The arrive orders nothing, so it may be relaxed.
-  cluster_arrive_relaxed();
+  cluster.arrive_relaxed();
   // Programmatic dependent launch (no-ops without the launch attribute): let the next kernel in
   // the stream start launching now (it must wait for our completion before reading our outputs),
   // and wait for the previous kernel (which writes topk_ids, or still reads our outputs) before
@@ -323,12 +314,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Push the CTA's totals into every CTA's row for it, 16 bytes a store; the cluster barrier
   // (release/acquire) then makes the n_cta rows of this CTA's own table visible to it. This CTA
   // makes no remote access after it, so none can reach a CTA that has exited.
-  cluster_wait();
+  cluster.wait();
   {
     const int per_rank = E4 / 4;
     for (int i = tid; i < n_cta * per_rank; i += kThreads) {
       const int r = i / per_rank, q = i - r * per_rank;
-      int4* remote = reinterpret_cast<int4*>(cluster.map_shared_rank(totals + cta * E4, r));
+      int4* remote = reinterpret_cast<int4*>(cluster.map(totals + cta * E4, r));
       remote[q] = cta_row4[q];
     }
   }

@@ -20,6 +20,8 @@
 #define WNA16_CPP_META (TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 4))
 
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "moe_weights.h"
@@ -116,15 +118,28 @@ namespace {
 
 // ---- pack -------------------------------------------------------------------------------------
 
-at::Tensor cpu_2d(const at::Tensor& t, const std::string& what, int64_t i) {
+// Checks of pack's list arguments, shared by the host and the device packing.
+void require_2d(const at::Tensor& t, const std::string& what, int64_t i) {
   TORCH_CHECK_VALUE(t.defined() && t.dim() == 2, "wna16.pack: ", what, "[", i, "] has shape ",
                     t.defined() ? shape_str(t) : std::string("(undefined)"), "; expected a 2-D tensor");
+}
+void require_int32(const at::Tensor& t, const std::string& what, int64_t i) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, "wna16.pack: ", what, "[", i,
+                   "] has dtype ", t.scalar_type(), "; expected int32");
+}
+// K and N of a checkpoint qweight: AWQ [K, N/8] packed along N, GPTQ [K*bits/32, N] along K.
+std::pair<int64_t, int64_t> checkpoint_kn(const QuantScheme& q, const at::Tensor& qw) {
+  if (q.format == Format::Awq) return {qw.size(0), qw.size(1) * 32 / q.bits};
+  return {qw.size(0) * 32 / q.bits, qw.size(1)};
+}
+
+at::Tensor cpu_2d(const at::Tensor& t, const std::string& what, int64_t i) {
+  require_2d(t, what, i);
   return t.to(at::kCPU).contiguous();
 }
 
 std::vector<int32_t> int32_values(const at::Tensor& t, const std::string& what, int64_t i) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, "wna16.pack: ", what, "[", i,
-                   "] has dtype ", t.scalar_type(), "; expected int32");
+  require_int32(t, what, i);
   const at::Tensor c = t.to(at::kCPU).to(at::kInt).contiguous();
   return std::vector<int32_t>(c.data_ptr<int32_t>(), c.data_ptr<int32_t>() + c.numel());
 }
@@ -143,13 +158,7 @@ QuantizedLinear linear_from(const QuantScheme& q, const at::TensorList qweight, 
   const at::Tensor qw = cpu_2d(qweight[size_t(i)], "qweight", i);
   const at::Tensor sc = cpu_2d(scales[size_t(i)], "scales", i);
   const at::Tensor qz = cpu_2d(qzeros[size_t(i)], "qzeros", i);
-  if (q.format == Format::Awq) {  // [K, N/8], packed along N
-    l.K = qw.size(0);
-    l.N = qw.size(1) * 32 / q.bits;
-  } else {  // GPTQ: [K*bits/32, N], packed along K
-    l.K = qw.size(0) * 32 / q.bits;
-    l.N = qw.size(1);
-  }
+  std::tie(l.K, l.N) = checkpoint_kn(q, qw);
   l.qweight = int32_values(qw, "qweight", i);
   l.qzeros = int32_values(qz, "qzeros", i);
   l.scales = float_values(sc, "scales[" + std::to_string(i) + "]");
@@ -235,14 +244,6 @@ MoeWeightsPtr pack(at::TensorList qweight, at::TensorList scales, at::TensorList
         keep.push_back(t.to(gpu, type).contiguous());
         return keep.back().data_ptr();
       };
-      auto two_d = [](const at::Tensor& t, const char* name, int64_t i) {
-        TORCH_CHECK_VALUE(t.defined() && t.dim() == 2, "wna16.pack: ", name, "[", i, "] has shape ",
-                          t.defined() ? shape_str(t) : std::string("(undefined)"), "; expected a 2-D tensor");
-      };
-      auto int32_type = [](const at::Tensor& t, const char* name, int64_t i) {
-        TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, "wna16.pack: ", name, "[", i,
-                         "] has dtype ", t.scalar_type(), "; expected int32");
-      };
       auto elements = [](const at::Tensor& t, const std::string& what, const char* name, int64_t rows, int64_t cols) {
         if (t.numel() != rows * cols)
           throw Error(what + ": " + name + " has " + std::to_string(t.numel()) + " elements, expected " +
@@ -253,17 +254,16 @@ MoeWeightsPtr pack(at::TensorList qweight, at::TensorList scales, at::TensorList
         const std::string what = (e < E ? "expert " + std::to_string(e) : std::string("shared expert")) + "." +
                                  (which == 0 ? "gate" : which == 1 ? "up" : "down");
         const at::Tensor &qw = qweight[size_t(i)], &sc = scales[size_t(i)], &qz = qzeros[size_t(i)];
-        two_d(qw, "qweight", i);
-        two_d(sc, "scales", i);
-        two_d(qz, "qzeros", i);
-        int32_type(qw, "qweight", i);
-        int32_type(qz, "qzeros", i);
+        require_2d(qw, "qweight", i);
+        require_2d(sc, "scales", i);
+        require_2d(qz, "qzeros", i);
+        require_int32(qw, "qweight", i);
+        require_int32(qz, "qzeros", i);
         TORCH_CHECK_TYPE(at::isFloatingType(sc.scalar_type()), "wna16.pack: scales[", i, "] has dtype ",
                          sc.scalar_type(), "; expected float16, bfloat16 or float32");
         cuda::DeviceQuantizedLinear d;
         d.scheme = q;
-        d.K = q.format == Format::Awq ? qw.size(0) : qw.size(0) * 32 / q.bits;
-        d.N = q.format == Format::Awq ? qw.size(1) * 32 / q.bits : qw.size(1);
+        std::tie(d.K, d.N) = checkpoint_kn(q, qw);
         const int64_t width = e < E ? inter : shared_inter;
         const int64_t K = which == 2 ? width : hidden, N = which == 2 ? hidden : width;
         if (d.K != K || d.N != N)
@@ -286,7 +286,7 @@ MoeWeightsPtr pack(at::TensorList qweight, at::TensorList scales, at::TensorList
         if (!g_idx.empty() && g_idx[size_t(i)].defined() && g_idx[size_t(i)].numel() > 0) {
           const at::Tensor& gi = g_idx[size_t(i)];
           TORCH_CHECK_VALUE(gi.dim() == 1, "wna16.pack: g_idx[", i, "] has shape ", shape_str(gi), "; expected [K]");
-          int32_type(gi, "g_idx", i);
+          require_int32(gi, "g_idx", i);
           if (gi.numel() != K)
             throw Error(what + ": g_idx has " + std::to_string(gi.numel()) + " elements, expected K=" + std::to_string(K));
           d.g_idx = static_cast<const int32_t*>(on_gpu(gi, at::kInt));

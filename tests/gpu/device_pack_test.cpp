@@ -64,14 +64,7 @@ struct Case {
 };
 
 Case make_case(Format f, int bits, int g, bool sym, bool act, DType scales = DType::F16) {
-  Case c;
-  c.format = f;
-  c.bits = bits;
-  c.group = g;
-  c.sym = sym;
-  c.act_order = act;
-  c.scales = scales;
-  return c;
+  return Case{.format = f, .bits = bits, .group = g, .sym = sym, .act_order = act, .scales = scales};
 }
 
 std::vector<Case> all_cases() {

@@ -650,6 +650,8 @@ int run(const BenchOptions& opts) {
     rep.switches = (rep.switches == "none" ? std::string() : rep.switches + " ") + "--config " + opts.gemm_config;
   }
   cuda::force_gemm_config(forced);
+  // The kernel path (--portable forces the portable one before this; else the GPU decides).
+  if (cuda::portable_path()) rep.switches = (rep.switches == "none" ? std::string() : rep.switches + " ") + "path portable";
   rep.scheme = opts.scheme.describe();
   rep.act = dtype_name(opts.act);
   rep.routing = opts.routing.name();
@@ -662,6 +664,7 @@ int run(const BenchOptions& opts) {
                   std::to_string(s.group_size) + (s.sym || s.format == Format::Awq ? "" : " --asym") +
                   (s.act_order ? " --desc-act" : "") + " --dtype " + rep.act +
                   (opts.gemm_config.empty() ? "" : " --config " + opts.gemm_config) +
+                  (cuda::portable_path() ? " --portable" : "") +
                   (opts.routing.uniform() ? "" : " --routing " + rep.routing);
   }
   rep.cublas_baseline_desc =
@@ -689,9 +692,11 @@ int run(const BenchOptions& opts) {
   WNA16_CUBLAS_CHECK(cublasSetWorkspace(cx.cublas, cublas_ws.get(), cublas_ws.size()));
   WNA16_CUBLAS_CHECK(cublasSetStream(cx.cublas, cx.stream));
 
-  std::printf("[bench] %s, %d SMs, L2 %.0f MB, %.0f GB; %s, %s activations, routing %s; commit %s\n", prop.name,
-              prop.multiProcessorCount, double(prop.l2CacheSize) / 1e6, double(prop.totalGlobalMem) / 1e9,
-              rep.scheme.c_str(), rep.act.c_str(), rep.routing.c_str(), rep.commit.c_str());
+  std::printf("[bench] %s (compute capability %d.%d), %d SMs, L2 %.0f MB, %.0f GB; kernel path %s; %s, %s activations, "
+              "routing %s; commit %s\n",
+              prop.name, prop.major, prop.minor, prop.multiProcessorCount, double(prop.l2CacheSize) / 1e6,
+              double(prop.totalGlobalMem) / 1e9, cuda::gpu_path_name(), rep.scheme.c_str(), rep.act.c_str(),
+              rep.routing.c_str(), rep.commit.c_str());
   size_t free_b = 0, total_b = 0;
   WNA16_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   cx.ceil.read_buffer_bytes = int64_t(std::min<size_t>(size_t(4) << 30, free_b / 4));

@@ -19,6 +19,12 @@ Device parse_device(const std::string& s);  // "cpu" | "cuda"; throws Error nami
 bool cuda_available();
 // The CLI default: cuda when cuda_available(), else cpu.
 Device default_device();
+// The CUDA layers' kernel path: "hopper" (sm_90 with this build's sm_90a image) or "portable" (the
+// mma.sync kernels without clusters or dependent launches, every GPU from sm_80). The GPU decides;
+// use_cuda_portable_path(true) runs the portable path on a Hopper GPU too (testing it there). Set
+// it before building CUDA layers. Without a CUDA build: "none", and forcing throws Error.
+void use_cuda_portable_path(bool on);
+const char* cuda_path_name();
 
 class MoeBackendLayer {
  public:

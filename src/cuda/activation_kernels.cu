@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "cuda/cuda_check.h"
+#include "cuda/dispatch.h"
 #include "cuda/moe_gemm.h"  // kperm_pos
 #include "cuda/moe_layer_kernels.h"
 #include "cuda/pdl.cuh"
@@ -189,7 +190,7 @@ void launch_gather_slots(const void* x, int64_t M, int64_t H, const int32_t* ids
   cfg.blockDim = dim3(kGatherThreads);
   cfg.stream = static_cast<cudaStream_t>(stream);
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = portable_path() ? 0 : 1;  // programmatic dependent launch: the Hopper path
   const auto* xs = static_cast<const uint16_t*>(x);
   auto* os = static_cast<uint16_t*>(out);
   if (kperm)
@@ -210,7 +211,7 @@ void launch_cast_out(const float* acc, void* out, DType act, int64_t n, Stream s
   cfg.blockDim = dim3(threads);
   cfg.stream = static_cast<cudaStream_t>(stream);
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = portable_path() ? 0 : 1;  // programmatic dependent launch: the Hopper path
   const auto* a4 = reinterpret_cast<const float4*>(acc);
   if (act == DType::BF16)
     WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cast_kernel<__nv_bfloat16>, a4, static_cast<__nv_bfloat16*>(out), n / 4));

@@ -10,6 +10,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/dev_buf.h"
+#include "cuda/dispatch.h"
 #include "wna16/backend.h"
 #include "wna16/cuda.h"
 #include "wna16/error.h"
@@ -104,6 +105,9 @@ bool cuda_available() {
   }
   return n > 0;
 }
+
+void use_cuda_portable_path(bool on) { cuda::force_portable_path(on); }
+const char* cuda_path_name() { return cuda::gpu_path_name(); }
 
 std::unique_ptr<MoeBackendLayer> make_cuda_layer(const MoeLayerSpec& spec, const MoeLayerWeights& w) {
   if (!cuda_available())

@@ -24,6 +24,7 @@ namespace {
 // act-order perm (a negative bound: never).
 struct ConfigRow {
   const char* name;
+  bool hopper;               // the wgmma kernel: the Hopper path only (portable_path)
   int block_m, block_n;
   bool gathers;              // has the act-order gather of its own (DeviceGemm::perm)
   bool kperm;                // takes k-permuted activations
@@ -40,17 +41,17 @@ constexpr ConfigRow kConfigs[] = {
     // 170); 12 m32w faster (DeepSeek-V2-Lite M=128 197 / 174).
     // With its own act-order gather (the staged kernels' perm path) up to 8 (one m-block per
     // expert).
-    {"m8", gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, false, 8.5, 8.0},
+    {"m8", false, gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, false, 8.5, 8.0},
     // Staged kernel, 32-token blocks: act-order layers that keep their own gather, 9-40 per expert.
-    {"m32", gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N, true, false, false, kNever, 40.0},
+    {"m32", false, gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N, true, false, false, kNever, 40.0},
     // Staged kernel, 64-token blocks: act-order with its own gather above 40 per expert.
-    {"m64", gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, false, kNever, kAny},
+    {"m64", false, gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, false, kNever, kAny},
     // The wgmma kernel with 32-token blocks, three per SM: 8.5-28 per expert (CfgM32W). Against m64w
     // (2026-12-02, H200, us m32w / m64w): 16 per expert Mixtral M=64 326 / 415, Qwen3-30B-A3B M=256
     // 177 / 214, DeepSeek-V3 M=512 2540-2622 / 3288-3352; 17 Qwen1.5-MoE M=256 213 / 240; 24
     // DeepSeek-V2-Lite M=256 201 / 223; 32 m64w faster (Mixtral M=128 571 / 487: half the experts
     // need a second 32-token block). No act-order gather.
-    {"m32w", gemm::CfgM32W::BLOCK_M, gemm::CfgM32W::BLOCK_N, false, true, gemm::CfgM32W::BARRIER_FREE, 28.0, kNever},
+    {"m32w", true, gemm::CfgM32W::BLOCK_M, gemm::CfgM32W::BLOCK_N, false, true, gemm::CfgM32W::BARRIER_FREE, 28.0, kNever},
     // The wgmma kernel with 64-token blocks, two per SM: 28-128 per expert. Against the staged m64
     // and m144w (2026-12-02, 14fd75e, us m64 / m64w / m144w): DeepSeek-V3 M=1024 (32 per expert)
     // 5651 / 5064 / 6998, Mixtral M=128 (32) 772 / 766 / 903, Qwen3-30B-A3B M=512 (32) 348 / 326 /
@@ -62,19 +63,20 @@ constexpr ConfigRow kConfigs[] = {
     // Up to 80 per expert since m144w's barrier-free loop (a4f9dfb): against it (2026-12-02, H200,
     // 232d1cf, two rounds, us m64w / m144w) 64 per expert Qwen3-30B-A3B M=1024 341-345 / 385, DeepSeek-V3
     // M=2048 5483-5511 / 5824-5874, Mixtral M=256 728 / 712-722; 68 Qwen1.5-MoE M=1024 457-472 / 472-474.
-    {"m64w", gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 80.0, kNever},
+    {"m64w", true, gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 80.0, kNever},
     // The wgmma kernel with 144-token blocks (one per SM) above 80 per expert, where m64w dequantises
     // the weights for two or three m-blocks (the same runs, us m64w / m144w): 96 per expert
     // DeepSeek-V2-Lite M=1024 450-452 / 424-425; 128 DeepSeek-V3 M=4096 9070-9332 / 8164-8397, Mixtral
     // M=512 1121-1132 / 899; 136 Qwen1.5-MoE M=2048 815-824 / 712-721; 192 DeepSeek-V2-Lite M=2048
     // 784-785 / 785-794; 256 Qwen3-30B-A3B M=4096 960 / 865 (2026-12-02). No act-order gather.
-    {"m144w", gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever},
+    {"m144w", true, gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever},
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 static_assert(kConfigs[2].max_gather >= kAny && kConfigs[kNumConfigs - 1].max_plain >= kAny,
               "m64 takes every act-order call with its own gather, m144w every plain one, that rows before do not");
 
-int g_forced_config = -1;  // force_gemm_config
+int g_forced_config = -1;      // force_gemm_config
+bool g_forced_portable = false;  // force_portable_path
 
 const ConfigRow& row(int config) {
   if (config < 0 || config >= kNumConfigs) throw Error("GEMM config " + std::to_string(config) + " does not exist");
@@ -88,24 +90,40 @@ int gemm_config_block_m(int config) { return row(config).block_m; }
 int gemm_config_block_n(int config) { return row(config).block_n; }
 bool gemm_config_takes_kperm(int config) { return row(config).kperm; }
 bool gemm_config_gathers(int config) { return row(config).gathers; }
+bool gemm_config_hopper(int config) { return row(config).hopper; }
 bool gemm_config_x_positions(int config) { return row(config).x_positions; }
 const char* gemm_config_name(int config) { return kConfigs[std::clamp(config, 0, kNumConfigs - 1)].name; }
 
-int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather) {
+int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather, bool portable) {
   // Expected number of routed experts that receive a token under uniform routing, and tokens per
   // such expert: the MMA's token width should match it (padding is wasted MMA work and registers).
   const double p = std::min(1.0, double(topk) / double(E));
   const double active = std::max(1.0, double(E) * (1.0 - std::pow(1.0 - p, double(M))));
   const double per_expert = double(M) * double(topk) / active;
-  for (int c = 0; c < kNumConfigs; ++c)
-    if (per_expert <= (staged_gather ? kConfigs[c].max_gather : kConfigs[c].max_plain)) return c;
-  return staged_gather ? 2 : kNumConfigs - 1;  // unreachable: m64 / m144w take every call the rows before do not
+  for (int c = 0; c < kNumConfigs; ++c) {
+    if (portable && kConfigs[c].hopper) continue;
+    if (per_expert <= (staged_gather || portable ? kConfigs[c].max_gather : kConfigs[c].max_plain)) return c;
+  }
+  return staged_gather || portable ? 2 : kNumConfigs - 1;  // unreachable: m64 / m144w take every call the rows before do not
 }
 
 void force_gemm_config(int config) {
   if (config != -1) (void)row(config);
   g_forced_config = config;
 }
+
+bool portable_path() {
+  if (g_forced_portable) return true;
+  static const bool portable = [] {
+    // The wgmma kernel's image (sm_90a) decides with the compute capability: a build for sm_80
+    // only runs the portable kernels on a Hopper GPU as well.
+    return device_compute_capability() < 90 || !gemm::prefill_has_wgmma();
+  }();
+  return portable;
+}
+void force_portable_path(bool on) { g_forced_portable = on; }
+const char* gpu_path_name() { return portable_path() ? "portable" : "hopper"; }
+int device_compute_capability() { return gemm::device_info().cc; }
 
 // ---- the layer call ----------------------------------------------------------------------------
 bool layer_gathers(const LayerShape& s, int64_t M) {
@@ -123,13 +141,16 @@ LayerPlan plan_layer_call(const LayerShape& s, int64_t M, DType act) {
   const DeviceGemm& g1 = *s.g1;
   p.gather = layer_gathers(s, M);
   const bool staged_gather = (g1.perm && !p.gather) || g1.perm_up;
-  p.config = choose_gemm_config(M, s.k, s.E, staged_gather);
+  p.config = choose_gemm_config(M, s.k, s.E, staged_gather, portable_path());
   if (g_forced_config >= 0) {
     if (staged_gather && !gemm_config_gathers(g_forced_config))
       throw Error(std::string("forced GEMM config ") + gemm_config_name(g_forced_config) +
                   " has no act-order gather, which this layer needs at M=" + std::to_string(M));
     p.config = g_forced_config;
   }
+  if (portable_path() && row(p.config).hopper)
+    throw Error(std::string("GEMM config ") + row(p.config).name + " runs on the Hopper path only; this call takes the portable path (" +
+                (g_forced_portable ? "forced" : "compute capability " + std::to_string(device_compute_capability())) + ")");
   const bool decode = p.config == 0;
   // Shared rows gathered before the routing: wide layers (DeepSeek-V3) up to 16 tokens. Narrower
   // layers lost more to the extra launch than the run-ahead gave. DeepSeek-V3 act-order M=1

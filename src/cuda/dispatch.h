@@ -24,16 +24,33 @@ bool gemm_config_takes_kperm(int config);
 bool gemm_config_x_positions(int config);
 // Whether the config's kernel can gather x through a perm (GemmRun / DeviceGemm::perm).
 bool gemm_config_gathers(int config);
+// Whether the config's kernel is the Hopper path's (wgmma), never run on the portable path.
+bool gemm_config_hopper(int config);
 const char* gemm_config_name(int config);
 // The tile config for M tokens routed to E routed experts with topk choices each (shared slices
 // not counted). staged_gather: the GEMM gathers x through its own perm (the configs without that
-// gather are never chosen then).
-int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather);
+// gather are never chosen then). portable: the portable path's rows only (the mma.sync ones, by the
+// act-order rows' bounds: m8, m32, m64); the layer passes portable_path().
+int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather, bool portable = false);
 // Measurement hook of the benchmarks (`wna16 bench --config NAME`, the timing smoke), never set by
 // the library itself: every layer call runs this row instead of the table's choice, where the row
 // can run the call (a row without the act-order gather is refused for a GEMM that needs it, naming
 // both). -1 (the default): the table. Set it before the calls, not during them.
 void force_gemm_config(int config);
+
+// ---- the GPU path ------------------------------------------------------------------------------
+// "hopper": the sm_90 kernels and launch features (the wgmma rows of the table, tensor copies,
+// thread-block clusters, programmatic dependent launch); "portable": the mma.sync rows (m8, m32,
+// m64) and plain launches, on every GPU from sm_80. The current device decides (Hopper needs
+// compute capability 9.0 and this build's sm_90a image); force_portable_path(true) runs the
+// portable path on a Hopper GPU too (`wna16 bench / verify --portable`: the H200 tests it). Set it
+// before building layers, not during their calls.
+bool portable_path();
+void force_portable_path(bool on);
+const char* gpu_path_name();  // "hopper" or "portable"
+// The current device's compute capability as 10 * major + minor; a GPU below 8.0 is refused by the
+// CUDA layer with a message naming it.
+int device_compute_capability();
 
 // ---- the layer call ----------------------------------------------------------------------------
 // What the layer knows of itself at build time.

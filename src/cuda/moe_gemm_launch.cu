@@ -26,6 +26,10 @@ DeviceInfo device_info() {
     WNA16_CUDA_CHECK(cudaGetDevice(&dev));
     WNA16_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, dev));
     WNA16_CUDA_CHECK(cudaDeviceGetAttribute(&info.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    int major = 0, minor = 0;
+    WNA16_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    WNA16_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    info.cc = 10 * major + minor;
   });
   return info;
 }
@@ -223,8 +227,16 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
 
 void prepare_moe_gemm(int bits) {
   if (bits != 4 && bits != 8) throw Error("bits=" + std::to_string(bits) + " is not supported (4 or 8)");
+  const int cc = device_compute_capability();
+  if (cc < 80)
+    throw Error("the CUDA backend needs a GPU of compute capability 8.0 or newer; this one has " + std::to_string(cc / 10) +
+                "." + std::to_string(cc % 10));
+  // The path is decided here, at layer construction, never inside a stream capture (its first
+  // answer reads a device symbol).
+  const bool portable = portable_path();
   for (int c = 0; c < gemm_config_count(); ++c)
     for (DType act : {DType::BF16, DType::F16}) {
+      if (portable && gemm_config_hopper(c)) continue;
       if (bits == 4) gemm::launch_w4(nullptr, c, act, 0, nullptr);
       else gemm::launch_w8(nullptr, c, act, 0, nullptr);
     }

@@ -14,6 +14,7 @@
 
 #include "cuda/cluster.cuh"
 #include "cuda/cuda_check.h"
+#include "cuda/dispatch.h"
 #include "cuda/moe_layer_kernels.h"
 #include "cuda/pdl.cuh"
 #include "cuda/sm90_wna16_moe_common.cuh"  // gemm::Act<T>::mma
@@ -658,6 +659,7 @@ void launch_router_split_h(Kernel kern, int TE, int TM, int KSTEP, int threads, 
   const int64_t tiles = int64_t((E_ext + TE - 1) / TE) * ((M + TM - 1) / TM);
   int KS = int(std::clamp<int64_t>((kRouterCtasPerSm * sm_count() + tiles - 1) / tiles, 1, kTileMaxSplit));
   KS = int(std::min<int64_t>(KS, std::max<int64_t>(1, H / (8 * KSTEP))));
+  if (portable_path()) KS = 1;  // no clusters: one CTA per tile
   const int k_per_split = int((H + KS * KSTEP - 1) / (KS * KSTEP) * KSTEP);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -669,7 +671,7 @@ void launch_router_split_h(Kernel kern, int TE, int TM, int KSTEP, int threads, 
   cfg.blockDim = dim3(unsigned(threads));
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = portable_path() ? 0 : 1;  // the cluster shape (KS = 1 there)
   WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kern, x, int(M), int(H), router, E, E_ext, k_per_split, logits, gate_logit,
                                       reinterpret_cast<float4*>(zero), zero_n / 4));
 }
@@ -705,7 +707,8 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
     using R = decltype(rtag);
     const T* xt = static_cast<const T*>(x);
     const R* rw = static_cast<const R*>(router);
-    if (M >= kSplitMinM && M <= kSplitMaxM && reinterpret_cast<uintptr_t>(x) % 8 == 0) {
+    // The split kernel spreads H over a cluster of CTAs: the Hopper path only.
+    if (M >= kSplitMinM && M <= kSplitMaxM && reinterpret_cast<uintptr_t>(x) % 8 == 0 && !portable_path()) {
       const SplitPlan pl = plan_split(M, H, E_ext);
       if (pl.ok) {
         auto k = pl.RW == 1 ? router_split_kernel<T, R, 1> : pl.RW == 2 ? router_split_kernel<T, R, 2>

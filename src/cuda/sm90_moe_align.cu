@@ -46,6 +46,7 @@
 #include "cuda/align_tuning.h"
 #include "cuda/cluster.cuh"
 #include "cuda/cuda_check.h"
+#include "cuda/dispatch.h"
 #include "cuda/pdl.cuh"
 #include "wna16/cuda_kernels.h"
 #include "wna16/error.h"
@@ -529,6 +530,14 @@ const AlignDeviceInfo& align_device_info(int device) {
         max_static = std::max(max_static, fa.sharedSizeBytes);
       }
     const size_t limit = size_t(optin) > max_static ? std::min(kAlignMaxDynamicSmem, size_t(optin) - max_static) : 0;
+    info.max_dynamic_smem = limit;
+    if (portable_path()) {  // one CTA per launch, no cluster attributes (below sm_90 there are none)
+      for (const Variant& v : variants)
+        for (AlignKernel k : v.kernels)
+          WNA16_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit)));
+      info.max_cluster = 1;
+      return;
+    }
     int best = kAlignMaxCluster;
     for (const Variant& v : variants)
       for (AlignKernel k : v.kernels) {
@@ -598,13 +607,14 @@ void launch_align_tuned(const int32_t* topk_ids, int64_t num_slots, int E, int b
                 std::to_string(kAlignSmallMaxSlots) + "]");
   const int64_t num_blocks = max_align_blocks(num_slots, E, block_m);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool portable = portable_path();  // no clusters, no programmatic dependent launch
 
   if (tuning.small_max_slots > 0 && num_slots <= tuning.small_max_slots) {
     // One plain CTA; its byte table fits the default 48 KB of dynamic shared memory (<= 32 KB).
     const int n_warps = static_cast<int>((num_slots + 31) / 32);
     const size_t smem = (size_t(n_warps) * E + 3) / 4 * 4;
     cudaLaunchAttribute attr[2];
-    cudaLaunchConfig_t cfg = cluster_config(1, kAlignSmallThreads, smem, s, attr, false, tuning.pdl);
+    cudaLaunchConfig_t cfg = cluster_config(1, kAlignSmallThreads, smem, s, attr, false, tuning.pdl && !portable);
     // Only the threads the kernel needs (one per slot and one per expert): at decode with E = 257
     // that is 9 warps instead of 32.
     cfg.blockDim = dim3(unsigned((std::max<int64_t>({num_slots, int64_t(E), 1}) + 31) / 32 * 32));
@@ -616,7 +626,8 @@ void launch_align_tuned(const int32_t* topk_ids, int64_t num_slots, int E, int b
   }
 
   const AlignDeviceInfo& info = align_device_info(current_device());
-  const int n_cta = static_cast<int>(std::clamp<int64_t>(
+  // The portable path: one CTA, no cluster.
+  const int n_cta = portable ? 1 : static_cast<int>(std::clamp<int64_t>(
       (num_slots + tuning.slots_per_cta - 1) / tuning.slots_per_cta, 1, info.max_cluster));
   // The kernel's split of the slots (moe_align_kernel): warps of 32-slot multiples, CTA by CTA.
   const int threads = cluster_threads(E);
@@ -629,7 +640,7 @@ void launch_align_tuned(const int32_t* topk_ids, int64_t num_slots, int E, int b
                 " bytes of shared memory, above this device's " + std::to_string(info.max_dynamic_smem));
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg =
-      cluster_config(n_cta, threads, smem, s, attr, !(tuning.plain_single && n_cta == 1), tuning.pdl);
+      cluster_config(n_cta, threads, smem, s, attr, !portable && !(tuning.plain_single && n_cta == 1), tuning.pdl && !portable);
   WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, pick_kernel(cluster_kernels(E), E, tuning.match_any), topk_ids,
                                       static_cast<int>(num_slots), E, block_m, static_cast<int>(padded_cap),
                                       static_cast<int>(num_blocks), staged ? 1 : 0, sorted_token_ids, expert_ids,

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "cuda/cuda_check.h"
+#include "cuda/dispatch.h"
 #include "cuda/moe_layer_kernels.h"
 #include "cuda/pdl.cuh"
 #include "cuda/routing_device.cuh"
@@ -362,7 +363,7 @@ void launch_vpl_dt(const RouteParams& p, cudaStream_t s, bool pdl, bool late) {
   cfg.dynamicSmemBytes = 0;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = pdl && !portable_path() ? 1 : 0;
   if constexpr (DT == 0) {
     if (late) {
       WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_routing_kernel<VPL, DT, true>, p));

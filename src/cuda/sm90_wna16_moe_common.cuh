@@ -449,6 +449,7 @@ __device__ __forceinline__ int fill_row_tables(const KParams& p, int mb, int tid
 struct DeviceInfo {
   int sms = 0;
   int max_smem_optin = 0;
+  int cc = 0;  // compute capability, 10 * major + minor
 };
 DeviceInfo device_info();  // cached per process (current device at first call)
 

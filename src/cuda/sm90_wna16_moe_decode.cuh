@@ -14,6 +14,7 @@
 //    nine experts gives every SM enough warps (and bytes in flight) to stream at full bandwidth.
 // Act-order (a per-expert activation gather) stays on the staged kernel.
 #pragma once
+#include "cuda/dispatch.h"
 #include "cuda/pdl.cuh"
 #include "cuda/routing_device.cuh"
 #include "cuda/sm90_wna16_moe_common.cuh"
@@ -690,7 +691,7 @@ void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   cfg.blockDim = dim3(kDecodeThreads);
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = kp.pdl ? 1 : 0;
+  cfg.numAttrs = kp.pdl && !portable_path() ? 1 : 0;
   if constexpr (kDecodeHas4Tiles<BITS>) {
     if (ppw == 2) {
       launch_decode_ppw<T, BITS, 2>(cfg, kp);

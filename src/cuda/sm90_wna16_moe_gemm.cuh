@@ -363,11 +363,14 @@ const int* prepare_config() {
   std::call_once(once, [] {
     auto kern = wna16_moe_gemm_kernel<CFG, T, BITS>;
     const DeviceInfo di = device_info();
-    if (S::bytes(2) > di.max_smem_optin)
-      throw Error("tile config needs " + std::to_string(S::bytes(2)) + " bytes of shared memory; the device allows " +
+    if (S::bytes(1) > di.max_smem_optin)
+      throw Error("tile config needs " + std::to_string(S::bytes(1)) + " bytes of shared memory; the device allows " +
                   std::to_string(di.max_smem_optin));
-    WNA16_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes(2)));
-    for (int xc = 1; xc <= 2; ++xc) {
+    // Two activation copies (act-order with distinct gate and up orders) where they fit: not on
+    // GPUs with 99 KB per block (sm_86 / sm_89) for int8 (launch_config refuses those calls).
+    const int xmax = S::bytes(2) <= di.max_smem_optin ? 2 : 1;
+    WNA16_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes(xmax)));
+    for (int xc = 1; xc <= xmax; ++xc) {
       int n = 0;
       WNA16_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, CFG::THREADS, S::bytes(xc)));
       if (n < 1) throw Error("tile config cannot be resident on this device");
@@ -382,6 +385,10 @@ void launch_config(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream
   using S = Smem<CFG, BITS>;
   const int xcopies = kp.perm_up ? 2 : 1;
   const int bps = prepare_config<CFG, T, BITS>()[xcopies];
+  if (bps == 0)
+    throw Error("act-order with distinct gate and up channel orders needs " + std::to_string(S::bytes(2)) +
+                " bytes of shared memory per block for " + std::to_string(BITS) + "-bit weights; this GPU allows " +
+                std::to_string(device_info().max_smem_optin));
   const int64_t nb_count = kp.NT / CFG::NTB;
   const int64_t upper = upper_mblocks * nb_count * kp.splits;
   // Up to 4 waves of resident blocks: one item per block, so the hardware block scheduler balances

@@ -94,6 +94,16 @@ __device__ const int kPrefillHasWgmma = 1;
 __device__ const int kPrefillHasWgmma = 0;
 #endif
 
+// Whether this build's image for the current device has the wgmma kernel, read once (host).
+inline bool prefill_has_wgmma() {
+  static const bool has = [] {
+    int v = 0;
+    WNA16_CUDA_CHECK(cudaMemcpyFromSymbol(&v, kPrefillHasWgmma, sizeof(int)));
+    return v != 0;
+  }();
+  return has;
+}
+
 __device__ __forceinline__ void wgmma_fence() {
 #ifdef WNA16_HAVE_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -637,9 +647,7 @@ int prepare_prefill() {
       if (n < 1) throw Error(std::string("tile config ") + C::NAME + " cannot be resident on this device");
       blocks_per_sm = blocks_per_sm == 0 ? n : std::min(blocks_per_sm, n);
     }
-    int has_wgmma = 0;
-    WNA16_CUDA_CHECK(cudaMemcpyFromSymbol(&has_wgmma, kPrefillHasWgmma, sizeof(int)));
-    if (!has_wgmma)
+    if (!prefill_has_wgmma())
       throw Error(std::string("tile config ") + C::NAME + " needs the sm_90a build (wgmma); this binary's code for the device has none");
     tensor_map_encoder();
   });

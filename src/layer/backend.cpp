@@ -32,6 +32,10 @@ double layer_tolerance(DType act) {
 
 #ifndef WNA16_HAVE_CUDA
 bool cuda_available() { return false; }
+void use_cuda_portable_path(bool on) {
+  if (on) throw Error("the portable CUDA path: this build of wna16 has no CUDA backend");
+}
+const char* cuda_path_name() { return "none"; }
 std::unique_ptr<MoeBackendLayer> make_cuda_layer(const MoeLayerSpec&, const MoeLayerWeights&) {
   throw Error("this build of wna16 has no CUDA backend (nvcc was not found at configure time); use --device cpu");
 }

@@ -26,6 +26,20 @@ std::vector<T> cases(std::vector<T> full, std::vector<T> reduced) {
 #ifdef WNA16_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "wna16/backend.h"
+
+namespace wna16::gpu_test {
+// WNA16_TEST_PORTABLE_PATH=1 (scripts/gpu-check --portable): the CUDA layers and launches of every
+// test take the portable kernel path (set at start-up, before any test builds a layer), so a
+// Hopper GPU runs the tests on the path of the GPUs below sm_90.
+inline const bool kPortablePath = [] {
+  const char* v = std::getenv("WNA16_TEST_PORTABLE_PATH");
+  const bool on = v && *v && *v != '0';
+  if (on) use_cuda_portable_path(true);
+  return on;
+}();
+}  // namespace wna16::gpu_test
+
 #define WNA16_REQUIRE_GPU()                                                              \
   do {                                                                                   \
     int n_ = 0;                                                                          \

@@ -70,6 +70,28 @@ TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
   EXPECT_THROW(gemm_config_block_m(gemm_config_count()), Error);
 }
 
+// The portable path (forced here; below sm_90 the device decides): the mma.sync rows only, by the
+// act-order rows' bounds, gathering or not.
+TEST(MoeGemm, PortablePathChoosesTheMmaSyncRows) {
+  const int m8 = config_named("m8"), m32 = config_named("m32"), m64 = config_named("m64");
+  for (bool gather : {false, true}) {
+    EXPECT_EQ(choose_gemm_config(8, 1, 1, gather, true), m8);
+    EXPECT_EQ(choose_gemm_config(9, 1, 1, gather, true), m32);
+    EXPECT_EQ(choose_gemm_config(40, 1, 1, gather, true), m32);
+    EXPECT_EQ(choose_gemm_config(41, 1, 1, gather, true), m64);
+    EXPECT_EQ(choose_gemm_config(100000, 1, 1, gather, true), m64);
+  }
+  for (int64_t M = 1; M <= 65536; M *= 2)
+    EXPECT_FALSE(gemm_config_hopper(choose_gemm_config(M, 8, 256, false, true))) << "M=" << M;
+  EXPECT_TRUE(gemm_config_hopper(config_named("m144w")));
+  EXPECT_FALSE(gemm_config_hopper(m64));
+  // Forced (the bench's and verify's --portable), the path needs no device to answer.
+  force_portable_path(true);
+  EXPECT_TRUE(portable_path());
+  EXPECT_STREQ(gpu_path_name(), "portable");
+  force_portable_path(gpu_test::kPortablePath);  // as the run set it (scripts/gpu-check --portable)
+}
+
 // The expected m-block count of the decode work model (host-only): exact small cases, a Monte
 // Carlo estimate of uniform top-k routing, and refusal of sizes below 1.
 TEST(MoeGemm, ExpectedMblocksMatchesSampling) {

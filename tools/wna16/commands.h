@@ -27,6 +27,7 @@ struct CommonOptions {
   std::string dtype = "bf16";         // --dtype bf16|f16 (activations)
   std::vector<int64_t> m = {};        // --m LIST (token counts)
   uint64_t seed = 1;                  // --seed S
+  bool portable = false;              // --portable (CUDA: the portable kernel path on any GPU)
 
   // Adds the flags above to a subcommand; default_m is used when --m is not given.
   void add_to(CLI::App& app);

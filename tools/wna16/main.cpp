@@ -27,6 +27,9 @@ void CommonOptions::add_to(CLI::App& app) {
   app.add_option("--dtype", dtype, "activation dtype: bf16 or f16")->capture_default_str();
   app.add_option("--m", m, "token counts, comma separated")->delimiter(',');
   app.add_option("--seed", seed, "random seed")->capture_default_str();
+  app.add_flag("--portable", portable,
+               "CUDA: run the portable kernel path (mma.sync, no clusters or dependent launches; every GPU from "
+               "sm_80) even on a Hopper GPU");
 }
 
 QuantScheme CommonOptions::scheme() const {
@@ -58,7 +61,12 @@ std::unique_ptr<MoeBackendLayer> PlanFlags::make(Device d, const MoeLayerSpec& s
   return p.world() == 1 ? make_layer(d, spec, w) : make_in_process_sharded_layer(d, p, spec, w);
 }
 
-Device CommonOptions::resolved_device() const { return device.empty() ? default_device() : parse_device(device); }
+Device CommonOptions::resolved_device() const {
+  const Device d = device.empty() ? default_device() : parse_device(device);
+  if (portable && d != Device::Cuda) throw Error("--portable is a CUDA kernel path; the device is " + std::string(device_name(d)));
+  if (portable) use_cuda_portable_path(true);  // before any CUDA layer is built
+  return d;
+}
 
 DType CommonOptions::act_dtype() const {
   if (dtype == "bf16") return DType::BF16;

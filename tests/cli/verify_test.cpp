@@ -62,6 +62,9 @@ TEST(CliVerify, BadArgumentsExitTwoNamingTheValue) {
   r = run_cli("verify --dtype f8 --device cpu");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_TRUE(has(r.out, "'f8'")) << r.out;
+  r = run_cli("verify --device cpu --portable");  // a CUDA kernel path
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "--portable") && has(r.out, "cpu")) << r.out;
 }
 
 TEST(CliVerify, UnavailableBackendIsAFailedRowNotACrash) {

@@ -30,6 +30,7 @@ struct ConfigRow {
   bool kperm;                // takes k-permuted activations
   bool x_positions;          // GEMM1's x in m-block order (LayerPlan::x_positions)
   double max_plain, max_gather;
+  double max_portable;       // plain GEMMs on the portable path (gathering ones keep max_gather)
 };
 constexpr double kAny = 1e300, kNever = -1.0;
 constexpr ConfigRow kConfigs[] = {
@@ -41,17 +42,20 @@ constexpr ConfigRow kConfigs[] = {
     // 170); 12 m32w faster (DeepSeek-V2-Lite M=128 197 / 174).
     // With its own act-order gather (the staged kernels' perm path) up to 8 (one m-block per
     // expert).
-    {"m8", false, gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, false, 8.5, 8.0},
+    // On the portable path (no wgmma rows) plain GEMMs keep it up to 40 per expert: beyond 8 an
+    // expert's m-blocks stream the same weights through L2, which measured faster than the staged
+    // m32 kernel (H200, 3866c77: DeepSeek-V3 M=256 6380 -> 2684 us).
+    {"m8", false, gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, false, 8.5, 8.0, 40.0},
     // Staged kernel, 32-token blocks: act-order layers that keep their own gather, 9-40 per expert.
-    {"m32", false, gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N, true, false, false, kNever, 40.0},
+    {"m32", false, gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N, true, false, false, kNever, 40.0, kNever},
     // Staged kernel, 64-token blocks: act-order with its own gather above 40 per expert.
-    {"m64", false, gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, false, kNever, kAny},
+    {"m64", false, gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, false, kNever, kAny, kAny},
     // The wgmma kernel with 32-token blocks, three per SM: 8.5-28 per expert (CfgM32W). Against m64w
     // (2026-12-02, H200, us m32w / m64w): 16 per expert Mixtral M=64 326 / 415, Qwen3-30B-A3B M=256
     // 177 / 214, DeepSeek-V3 M=512 2540-2622 / 3288-3352; 17 Qwen1.5-MoE M=256 213 / 240; 24
     // DeepSeek-V2-Lite M=256 201 / 223; 32 m64w faster (Mixtral M=128 571 / 487: half the experts
     // need a second 32-token block). No act-order gather.
-    {"m32w", true, gemm::CfgM32W::BLOCK_M, gemm::CfgM32W::BLOCK_N, false, true, gemm::CfgM32W::BARRIER_FREE, 28.0, kNever},
+    {"m32w", true, gemm::CfgM32W::BLOCK_M, gemm::CfgM32W::BLOCK_N, false, true, gemm::CfgM32W::BARRIER_FREE, 28.0, kNever, kNever},
     // The wgmma kernel with 64-token blocks, two per SM: 28-128 per expert. Against the staged m64
     // and m144w (2026-12-02, 14fd75e, us m64 / m64w / m144w): DeepSeek-V3 M=1024 (32 per expert)
     // 5651 / 5064 / 6998, Mixtral M=128 (32) 772 / 766 / 903, Qwen3-30B-A3B M=512 (32) 348 / 326 /
@@ -63,17 +67,17 @@ constexpr ConfigRow kConfigs[] = {
     // Up to 80 per expert since m144w's barrier-free loop (a4f9dfb): against it (2026-12-02, H200,
     // 232d1cf, two rounds, us m64w / m144w) 64 per expert Qwen3-30B-A3B M=1024 341-345 / 385, DeepSeek-V3
     // M=2048 5483-5511 / 5824-5874, Mixtral M=256 728 / 712-722; 68 Qwen1.5-MoE M=1024 457-472 / 472-474.
-    {"m64w", true, gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 80.0, kNever},
+    {"m64w", true, gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 80.0, kNever, kNever},
     // The wgmma kernel with 144-token blocks (one per SM) above 80 per expert, where m64w dequantises
     // the weights for two or three m-blocks (the same runs, us m64w / m144w): 96 per expert
     // DeepSeek-V2-Lite M=1024 450-452 / 424-425; 128 DeepSeek-V3 M=4096 9070-9332 / 8164-8397, Mixtral
     // M=512 1121-1132 / 899; 136 Qwen1.5-MoE M=2048 815-824 / 712-721; 192 DeepSeek-V2-Lite M=2048
     // 784-785 / 785-794; 256 Qwen3-30B-A3B M=4096 960 / 865 (2026-12-02). No act-order gather.
-    {"m144w", true, gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever},
+    {"m144w", true, gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever, kNever},
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
-static_assert(kConfigs[2].max_gather >= kAny && kConfigs[kNumConfigs - 1].max_plain >= kAny,
-              "m64 takes every act-order call with its own gather, m144w every plain one, that rows before do not");
+static_assert(kConfigs[2].max_gather >= kAny && kConfigs[2].max_portable >= kAny && kConfigs[kNumConfigs - 1].max_plain >= kAny,
+              "m64 takes every act-order and every portable call, m144w every plain one, that rows before do not");
 
 int g_forced_config = -1;      // force_gemm_config
 bool g_forced_portable = false;  // force_portable_path
@@ -101,8 +105,9 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather, b
   const double active = std::max(1.0, double(E) * (1.0 - std::pow(1.0 - p, double(M))));
   const double per_expert = double(M) * double(topk) / active;
   for (int c = 0; c < kNumConfigs; ++c) {
-    if (portable && kConfigs[c].hopper) continue;
-    if (per_expert <= (staged_gather || portable ? kConfigs[c].max_gather : kConfigs[c].max_plain)) return c;
+    const ConfigRow& r = kConfigs[c];
+    if (portable && r.hopper) continue;
+    if (per_expert <= (staged_gather ? r.max_gather : portable ? r.max_portable : r.max_plain)) return c;
   }
   return staged_gather || portable ? 2 : kNumConfigs - 1;  // unreachable: m64 / m144w take every call the rows before do not
 }

@@ -29,8 +29,9 @@ bool gemm_config_hopper(int config);
 const char* gemm_config_name(int config);
 // The tile config for M tokens routed to E routed experts with topk choices each (shared slices
 // not counted). staged_gather: the GEMM gathers x through its own perm (the configs without that
-// gather are never chosen then). portable: the portable path's rows only (the mma.sync ones, by the
-// act-order rows' bounds: m8, m32, m64); the layer passes portable_path().
+// gather are never chosen then). portable: the portable path's rows only (the mma.sync ones: m8 up
+// to 40 per expert and m64 above for plain GEMMs, the act-order bounds for gathering ones); the
+// layer passes portable_path().
 int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather, bool portable = false);
 // Measurement hook of the benchmarks (`wna16 bench --config NAME`, the timing smoke), never set by
 // the library itself: every layer call runs this row instead of the table's choice, where the row

@@ -74,12 +74,18 @@ TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
 // act-order rows' bounds, gathering or not.
 TEST(MoeGemm, PortablePathChoosesTheMmaSyncRows) {
   const int m8 = config_named("m8"), m32 = config_named("m32"), m64 = config_named("m64");
-  for (bool gather : {false, true}) {
-    EXPECT_EQ(choose_gemm_config(8, 1, 1, gather, true), m8);
-    EXPECT_EQ(choose_gemm_config(9, 1, 1, gather, true), m32);
-    EXPECT_EQ(choose_gemm_config(40, 1, 1, gather, true), m32);
-    EXPECT_EQ(choose_gemm_config(41, 1, 1, gather, true), m64);
-    EXPECT_EQ(choose_gemm_config(100000, 1, 1, gather, true), m64);
+  // Plain GEMMs: the decode kernel up to 40 tokens per expert, m64 above.
+  EXPECT_EQ(choose_gemm_config(8, 1, 1, false, true), m8);
+  EXPECT_EQ(choose_gemm_config(40, 1, 1, false, true), m8);
+  EXPECT_EQ(choose_gemm_config(41, 1, 1, false, true), m64);
+  EXPECT_EQ(choose_gemm_config(100000, 1, 1, false, true), m64);
+  // GEMMs with their own act-order gather: the same rows as on the Hopper path.
+  for (bool portable : {false, true}) {
+    EXPECT_EQ(choose_gemm_config(8, 1, 1, true, portable), m8);
+    EXPECT_EQ(choose_gemm_config(9, 1, 1, true, portable), m32);
+    EXPECT_EQ(choose_gemm_config(40, 1, 1, true, portable), m32);
+    EXPECT_EQ(choose_gemm_config(41, 1, 1, true, portable), m64);
+    EXPECT_EQ(choose_gemm_config(100000, 1, 1, true, portable), m64);
   }
   for (int64_t M = 1; M <= 65536; M *= 2)
     EXPECT_FALSE(gemm_config_hopper(choose_gemm_config(M, 8, 256, false, true))) << "M=" << M;

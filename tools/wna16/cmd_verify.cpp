@@ -159,6 +159,7 @@ void run_verify(const CommonOptions& o, const PlanFlags& pf) {
   std::printf("wna16 verify: %s (%s)\n", spec.name.c_str(), describe(spec).c_str());
   std::printf("  weights %s, activations %s, device %s, seed %llu\n", scheme.describe().c_str(), dtype_name(act),
               device_name(dev), static_cast<unsigned long long>(o.seed));
+  if (dev == Device::Cuda) std::printf("  kernel path %s\n", cuda_path_name());
   if (plan.world() > 1)
     std::printf("  sharded %s, simulated in this process: one thread per rank\n", plan.describe().c_str());
 

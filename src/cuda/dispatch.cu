@@ -147,6 +147,12 @@ LayerPlan plan_layer_call(const LayerShape& s, int64_t M, DType act) {
   p.gather = layer_gathers(s, M);
   const bool staged_gather = (g1.perm && !p.gather) || g1.perm_up;
   p.config = choose_gemm_config(M, s.k, s.E, staged_gather, portable_path());
+  // Distinct gate and up act-order orders keep two x copies per stage: int8 m64 needs 112 KB, above
+  // the 99 KB per block of sm_86 / sm_89; m32 (76 KB) runs those calls there.
+  if (g1.perm_up && g1.bits == 8 && p.config == 2 &&
+      gemm::Smem<gemm::CfgM64, 8>::bytes(2) > gemm::device_info().max_smem_optin)
+    p.config = 1;
+  static_assert(gemm::Smem<gemm::CfgM32, 8>::bytes(2) <= 99 * 1024, "m32 holds int8's two x copies on every sm_80+ GPU");
   if (g_forced_config >= 0) {
     if (staged_gather && !gemm_config_gathers(g_forced_config))
       throw Error(std::string("forced GEMM config ") + gemm_config_name(g_forced_config) +

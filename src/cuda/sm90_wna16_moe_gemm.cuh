@@ -367,7 +367,8 @@ const int* prepare_config() {
       throw Error("tile config needs " + std::to_string(S::bytes(1)) + " bytes of shared memory; the device allows " +
                   std::to_string(di.max_smem_optin));
     // Two activation copies (act-order with distinct gate and up orders) where they fit: not on
-    // GPUs with 99 KB per block (sm_86 / sm_89) for int8 (launch_config refuses those calls).
+    // GPUs with 99 KB per block (sm_86 / sm_89) for int8 m64 (the layer's plan takes m32 there,
+    // dispatch.cu; launch_config refuses a forced m64).
     const int xmax = S::bytes(2) <= di.max_smem_optin ? 2 : 1;
     WNA16_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes(xmax)));
     for (int xc = 1; xc <= xmax; ++xc) {

@@ -15,7 +15,8 @@ enum class Device { Cpu, Cuda };
 const char* device_name(Device d);
 Device parse_device(const std::string& s);  // "cpu" | "cuda"; throws Error naming s
 
-// True when this build has CUDA and a usable GPU is present (never throws).
+// True when this build has CUDA and a usable GPU (compute capability 8.0 or newer) is present (never
+// throws).
 bool cuda_available();
 // The CLI default: cuda when cuda_available(), else cpu.
 Device default_device();

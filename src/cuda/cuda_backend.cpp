@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -97,21 +98,32 @@ class CudaBackendLayer final : public MoeBackendLayer {
 
 namespace wna16 {
 
-bool cuda_available() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+namespace {
+// The current GPU's compute capability (10 * major + minor), 0 without a usable GPU.
+int current_gpu_cc() {
+  int n = 0, dev = 0, major = 0, minor = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0 || cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return 0;
   }
-  return n > 0;
+  return 10 * major + minor;
 }
+}  // namespace
+
+// A GPU below sm_80 is not usable: the default device is then the CPU.
+bool cuda_available() { return current_gpu_cc() >= 80; }
 
 void use_cuda_portable_path(bool on) { cuda::force_portable_path(on); }
 const char* cuda_path_name() { return cuda::gpu_path_name(); }
 
 std::unique_ptr<MoeBackendLayer> make_cuda_layer(const MoeLayerSpec& spec, const MoeLayerWeights& w) {
-  if (!cuda_available())
-    throw Error("no CUDA GPU is present (cudaGetDeviceCount found none); use --device cpu");
+  const int cc = current_gpu_cc();
+  if (cc == 0) throw Error("no CUDA GPU is present (cudaGetDeviceCount found none); use --device cpu");
+  if (cc < 80)
+    throw Error("the CUDA backend needs a GPU of compute capability 8.0 or newer; this one has " + std::to_string(cc / 10) +
+                "." + std::to_string(cc % 10) + "; use --device cpu");
   return std::make_unique<cuda::CudaBackendLayer>(spec, w);
 }
 

@@ -23,7 +23,8 @@ Device default_device();
 // The CUDA layers' kernel path: "hopper" (sm_90 with this build's sm_90a image) or "portable" (the
 // mma.sync kernels without clusters or dependent launches, every GPU from sm_80). The GPU decides;
 // use_cuda_portable_path(true) runs the portable path on a Hopper GPU too (testing it there). Set
-// it before building CUDA layers. Without a CUDA build: "none", and forcing throws Error.
+// it before building CUDA layers. Without a CUDA build or a usable GPU: "none"; forcing the portable
+// path without a CUDA build throws Error.
 void use_cuda_portable_path(bool on);
 const char* cuda_path_name();
 

@@ -116,7 +116,7 @@ int current_gpu_cc() {
 bool cuda_available() { return current_gpu_cc() >= 80; }
 
 void use_cuda_portable_path(bool on) { cuda::force_portable_path(on); }
-const char* cuda_path_name() { return cuda::gpu_path_name(); }
+const char* cuda_path_name() { return cuda_available() ? cuda::gpu_path_name() : "none"; }
 
 std::unique_ptr<MoeBackendLayer> make_cuda_layer(const MoeLayerSpec& spec, const MoeLayerWeights& w) {
   const int cc = current_gpu_cc();

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "wna16/half.h"
 #include "wna16/moe.h"
 
 namespace wna16 {
@@ -74,5 +75,14 @@ std::vector<double> moe_reference_routed(const MoeLayerSpec& spec, const MoeLaye
 // Relative Frobenius error ||a - b|| / ||b||; NaN or inf anywhere gives +inf.
 double rel_error(const double* a, const double* b, int64_t n);
 double rel_error(const float* a, const double* b, int64_t n);
+
+// Bitwise comparison of two [rows, cols] arrays of 16-bit floats of type t (bf16 or f16): the first
+// row with a differing bit pattern (-1 when identical) and the largest absolute difference of the
+// values (infinite where one side is NaN or infinite and the other not). Determinism checks.
+struct BitDiff {
+  int64_t first_row = -1;
+  double max_abs = 0;
+};
+BitDiff compare_bits(const uint16_t* a, const uint16_t* b, int64_t rows, int64_t cols, DType t);
 
 }  // namespace wna16

@@ -1,8 +1,11 @@
 // The float64 reference MoE layer: dequantize, SwiGLU per expert, weighted sum over the top-k,
 // plus the shared expert. Loops are plain on purpose: this is the oracle, not a fast path.
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "wna16/error.h"
+#include "wna16/half.h"
 #include "wna16/reference.h"
 
 namespace wna16 {
@@ -142,5 +145,21 @@ double rel_error_impl(const T* a, const double* b, int64_t n) {
 
 double rel_error(const double* a, const double* b, int64_t n) { return rel_error_impl(a, b, n); }
 double rel_error(const float* a, const double* b, int64_t n) { return rel_error_impl(a, b, n); }
+
+BitDiff compare_bits(const uint16_t* a, const uint16_t* b, int64_t rows, int64_t cols, DType t) {
+  if (t != DType::BF16 && t != DType::F16)
+    throw Error(std::string("compare_bits: dtype ") + dtype_name(t) + " is not a 16-bit float (bf16, f16)");
+  BitDiff d;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    if (a[i] == b[i]) continue;
+    if (d.first_row < 0) d.first_row = i / cols;
+    const double x = t == DType::F16 ? f16_to_float(a[i]) : bf16_to_float(a[i]);
+    const double y = t == DType::F16 ? f16_to_float(b[i]) : bf16_to_float(b[i]);
+    const double diff = std::fabs(x - y);
+    // NaN (either side) or inf - inf: unbounded; two NaNs with different payloads too.
+    d.max_abs = std::max(d.max_abs, std::isnan(diff) ? INFINITY : diff);
+  }
+  return d;
+}
 
 }  // namespace wna16

@@ -76,3 +76,23 @@ TEST(CliVerify, UnavailableBackendIsAFailedRowNotACrash) {
   EXPECT_TRUE(has(r.out, "     1  cuda")) << r.out;
   EXPECT_TRUE(has(r.out, "FAIL  (")) << r.out;  // the row carries the backend's message
 }
+
+// `wna16 determinism`: the CPU backend is deterministic and batch-invariant on every ISA it runs.
+TEST(CliDeterminism, CpuBackendIsBitIdenticalRunToRunAndAcrossBatches) {
+  const CliRun r = run_cli("determinism --device cpu --model small --m 1,5,40 --repeat 3");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(last_line(r.out), "PASSED") << r.out;
+  EXPECT_TRUE(has(r.out, "     5  run to run  PASS    3 runs bit-identical")) << r.out;
+  EXPECT_TRUE(has(r.out, "     5  in batch    PASS    rows equal the first 5 of the M=40 batch")) << r.out;
+  EXPECT_TRUE(has(r.out, "     1  alone       PASS    tokens 0, 20, 39 alone equal their rows of the M=40 batch"))
+      << r.out;
+}
+
+TEST(CliDeterminism, BadArgumentsExitTwoNamingTheValue) {
+  CliRun r = run_cli("determinism --device cpu --repeat 1");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "--repeat 1 is outside [2, 100000]")) << r.out;
+  r = run_cli("determinism --device cpu --m 0");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_TRUE(has(r.out, "--m 0 is outside [1, 65536]")) << r.out;
+}

@@ -323,3 +323,29 @@ TEST(RelError, FrobeniusAndNonFinite) {
   EXPECT_EQ(rel_error(zero.data(), zero.data(), 2), 0.0);
   EXPECT_TRUE(std::isinf(rel_error(b.data(), zero.data(), 2)));
 }
+
+TEST(CompareBits, FirstDifferingRowAndLargestDifference) {
+  for (DType t : {DType::BF16, DType::F16}) {
+    auto bits = [t](float v) { return t == DType::F16 ? float_to_f16(v) : float_to_bf16(v); };
+    std::vector<uint16_t> a(3 * 4), b;
+    for (size_t i = 0; i < a.size(); ++i) a[i] = bits(float(i) - 5.f);
+    b = a;
+    BitDiff d = compare_bits(a.data(), b.data(), 3, 4, t);
+    EXPECT_EQ(d.first_row, -1);
+    EXPECT_EQ(d.max_abs, 0.0);
+    b[9] = bits(8.f);  // row 2: 4 -> 8
+    b[5] = bits(0.5f);  // row 1: 0 -> 0.5
+    d = compare_bits(a.data(), b.data(), 3, 4, t);
+    EXPECT_EQ(d.first_row, 1);
+    EXPECT_EQ(d.max_abs, 4.0);
+    // -0 and +0 are equal values but different bits: a difference of 0 in row 0.
+    a[0] = bits(0.f), b[0] = bits(-0.f);
+    d = compare_bits(a.data(), b.data(), 3, 4, t);
+    EXPECT_EQ(d.first_row, 0);
+    EXPECT_EQ(d.max_abs, 4.0);
+    b[11] = bits(NAN);
+    EXPECT_TRUE(std::isinf(compare_bits(a.data(), b.data(), 3, 4, t).max_abs));
+  }
+  std::vector<uint16_t> z(4);
+  EXPECT_THROW(compare_bits(z.data(), z.data(), 1, 4, DType::F32), Error);
+}

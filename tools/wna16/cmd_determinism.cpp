@@ -39,9 +39,7 @@ void run_determinism(const CommonOptions& o, const DeterminismArgs& a) {
   const QuantScheme scheme = o.scheme();
   const DType act = o.act_dtype();
   const Device dev = o.resolved_device();
-  std::vector<int64_t> ms = o.m.empty() ? std::vector<int64_t>{1, 3, 16, 64} : o.m;
-  for (int64_t m : ms)
-    if (m < 1 || m > 65536) throw Error("--m " + std::to_string(m) + " is outside [1, 65536]");
+  std::vector<int64_t> ms = o.token_counts({1, 3, 16, 64});
   std::sort(ms.begin(), ms.end());
   ms.erase(std::unique(ms.begin(), ms.end()), ms.end());
   const int64_t H = spec.hidden, Mmax = ms.back();

@@ -151,9 +151,7 @@ void run_verify(const CommonOptions& o, const PlanFlags& pf) {
   const QuantScheme scheme = o.scheme();
   const DType act = o.act_dtype();
   const Device dev = o.resolved_device();
-  const std::vector<int64_t> ms = o.m.empty() ? std::vector<int64_t>{1, 7, 33} : o.m;
-  for (int64_t m : ms)
-    if (m < 1 || m > 65536) throw Error("--m " + std::to_string(m) + " is outside [1, 65536]");
+  const std::vector<int64_t> ms = o.token_counts({1, 7, 33});
   const int64_t H = spec.hidden;
 
   std::printf("wna16 verify: %s (%s)\n", spec.name.c_str(), describe(spec).c_str());

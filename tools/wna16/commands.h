@@ -34,6 +34,8 @@ struct CommonOptions {
   QuantScheme scheme() const;         // throws Error naming a bad value
   Device resolved_device() const;
   DType act_dtype() const;            // throws Error naming a bad value
+  // --m, or dflt when it was not given; each in [1, 65536], else Error naming the value.
+  std::vector<int64_t> token_counts(std::vector<int64_t> dflt) const;
 };
 
 // --tp N --ep N of verify and run: the layer sharded over tp x ep ranks, simulated in this process

@@ -1,6 +1,9 @@
 // wna16: command-line entry. Subcommands live in cmd_*.cpp and register themselves.
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "commands.h"
 #include "wna16/error.h"
@@ -66,6 +69,13 @@ Device CommonOptions::resolved_device() const {
   if (portable && d != Device::Cuda) throw Error("--portable is a CUDA kernel path; the device is " + std::string(device_name(d)));
   if (portable) use_cuda_portable_path(true);  // before any CUDA layer is built
   return d;
+}
+
+std::vector<int64_t> CommonOptions::token_counts(std::vector<int64_t> dflt) const {
+  const std::vector<int64_t> ms = m.empty() ? std::move(dflt) : m;
+  for (int64_t v : ms)
+    if (v < 1 || v > 65536) throw Error("--m " + std::to_string(v) + " is outside [1, 65536]");
+  return ms;
 }
 
 DType CommonOptions::act_dtype() const {

@@ -25,6 +25,9 @@ struct BenchOptions {
   std::string gemm_config;
   // Expert popularity the generated inputs impose on the layer's own routing (bench/routing_skew.h).
   bench::RoutingOption routing;
+  // CUDA: also time every row with the layer in batch-invariant mode (CudaMoeLayer::
+  // set_batch_invariant), printed beside the default mode's time.
+  bool batch_invariant = false;
 };
 
 // Both print a table to stdout and return 0 on success (non-zero if a correctness check of the

@@ -505,25 +505,37 @@ void bench_preset(Ctx& cx, const std::string& name, const std::vector<int64_t>& 
       else
         L.forward(x, out.get(), M, cx.act, ws.get(), ws.size(), cx.stream);
     };
-    try {
-      auto enqueue = [&] {
-        for (int i = 0; i < s.calls; ++i) call(false, i);
-      };
-      GraphExec g;
-      std::string why;
-      const bool graphed = g.capture(cx.stream, enqueue, why);
-      if (graphed) {
-        c.ours = time_calls(cx.stream, s.calls, cx.budget_s, [&] { g.launch(cx.stream); });
-      } else {
-        c.ours = time_calls(cx.stream, s.calls, cx.budget_s, enqueue);
-        c.note = "graph capture refused (" + why + "): eager launches timed";
+    // The layer's calls, graph-captured where the capture works.
+    auto time_ours = [&](Timing* t, const char* what) {
+      try {
+        auto enqueue = [&] {
+          for (int i = 0; i < s.calls; ++i) call(false, i);
+        };
+        GraphExec g;
+        std::string why;
+        const bool graphed = g.capture(cx.stream, enqueue, why);
+        if (graphed) {
+          *t = time_calls(cx.stream, s.calls, cx.budget_s, [&] { g.launch(cx.stream); });
+        } else {
+          *t = time_calls(cx.stream, s.calls, cx.budget_s, enqueue);
+          c.note = "graph capture refused (" + why + "): eager launches timed";
+        }
+        t->graph = graphed;
+      } catch (const std::exception& e) {
+        // A layer that throws on a valid M is a failure, not a missing number.
+        c.note = std::string(what) + ": " + e.what();
+        info.passed = false;
+        info.checks.push_back(std::string(what) + " M=" + std::to_string(M) + " threw while timed: " + e.what());
       }
-      c.ours.graph = graphed;
-    } catch (const std::exception& e) {
-      // A layer that throws on a valid M is a failure, not a missing number.
-      c.note = std::string("layer: ") + e.what();
-      info.passed = false;
-      info.checks.push_back("ours M=" + std::to_string(M) + " threw while timed: " + e.what());
+    };
+    time_ours(&c.ours, "ours");
+    if (cx.opts.batch_invariant) {
+      for (auto& l : layers) l->set_batch_invariant(true);
+      time_ours(&c.invariant, "ours batch-invariant");
+      for (auto& l : layers) l->set_batch_invariant(false);
+      std::printf("[bench] %s M=%lld: batch-invariant %.2f us, default %.2f us (%+.1f%%)\n", name.c_str(),
+                  static_cast<long long>(M), c.invariant.median_us, c.ours.median_us,
+                  100.0 * (c.invariant.median_us / c.ours.median_us - 1.0));
     }
     try {
       c.loop = time_calls(cx.stream, s.calls, cx.budget_s, [&] {

@@ -37,6 +37,7 @@ struct CaseResult {
   std::string preset;
   int64_t M = 0;
   Timing ours, loop, cublas;
+  Timing invariant;          // ours in batch-invariant mode (BenchOptions::batch_invariant), else empty
   // Per call, from its realized routing (routing_skew.h call_cost), averaged over the rotation:
   double flops = 0;          // 2*slots*3*I*H (+ shared expert); slots = M*k
   double bytes = 0;          // experts with tokens + shared + router + x/out

@@ -42,6 +42,10 @@ class MoeBackendLayer {
   // The CPU backend implements it; the default throws Error naming the device. Inline on purpose:
   // every virtual of this class is inline or pure, so backends in other libraries (wna16_cuda)
   // need nothing from the dispatch library (which links them) to link.
+  // Batch invariance (CudaMoeLayer::set_batch_invariant): a token's output bits independent of the
+  // other tokens of its call. The CPU backend always is (its order of additions per token never
+  // depends on M): there it changes nothing.
+  virtual void set_batch_invariant(bool) {}
   virtual void forward_routed_host(const void*, const int32_t*, const float*, int, void*, int64_t, DType) {
     throw Error(std::string("forward_routed_host (caller-owned routing) is not implemented by the ") +
                 (device() == Device::Cpu ? "cpu" : "cuda") + " backend yet");

@@ -54,6 +54,13 @@ class CudaMoeLayer {
 
   // Bytes of device workspace forward() needs for up to max_m tokens (queryable, explicit).
   size_t workspace_bytes(int64_t max_m) const;
+  // Every call gives the same output bits on every run (no float is added by an atomic). With
+  // batch invariance on, a token's output bits also do not depend on the other tokens of its
+  // call (their number or values): one kernel arithmetic per token at every M (the router on one
+  // kernel and split, the wgmma GEMM rows on Hopper or m64 elsewhere, GEMM2 without K splits),
+  // at a cost in speed (docs/perf.md). Off by default; set it between calls, not during them.
+  void set_batch_invariant(bool on);
+  bool batch_invariant() const;
   // x, out: device [M, H] of act (F16 or BF16). workspace: device, >= workspace_bytes(M) bytes.
   // All three 16-byte aligned (as cudaMalloc and any row of a PyTorch tensor give them); a
   // misaligned one is refused (Error) before anything is launched.

@@ -1,5 +1,5 @@
 // The activation-movement kernels of the layer (moe_layer_kernels.h): the act-order gather per
-// slot, x k-permuted in m-block order for the wgmma kernel, and the output cast.
+// slot, x k-permuted in m-block order for the wgmma kernel, and the top-k sum into the output.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -117,21 +117,46 @@ __global__ void __launch_bounds__(kKpermThreads)
   }
 }
 
-// A programmatic dependent of the layer's GEMM2: launched while GEMM2 still runs, it waits
-// (griddepcontrol.wait: GEMM2's completion and memory flush) before its first global access. Every
-// thread waits, so the grid completes only after GEMM2 did.
+// The top-k sum (launch_slot_sum_out). A programmatic dependent of the layer's GEMM2: launched
+// while GEMM2 still runs, it waits (griddepcontrol.wait: GEMM2's completion and memory flush) before
+// its first global access. Every thread waits, so the grid completes only after GEMM2 did. Eight
+// lanes per 8-element output piece (a few rows each, all loads in flight at once: one token's call
+// is a latency chain); lane q adds rows q, q + 8, ... in turn, then the lanes add pairwise by a
+// fixed butterfly (a + b == b + a: both lanes of a pair hold the same sum).
+constexpr int kSumLanes = 8;
 template <class T>
-__global__ void cast_kernel(const float4* __restrict__ acc, T* __restrict__ out, int64_t n4) {
+__device__ __forceinline__ void add8(float (&s)[8], const uint4& v) {
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] += float(e[i]);
+}
+template <class T>
+__global__ void slot_sum_kernel(const uint4* __restrict__ part, int splits, int64_t M, int k2, int H8, int64_t plane8,
+                                uint4* __restrict__ out) {
   pdl_wait();
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
-    const float4 v = acc[i];
-    T* o = out + 4 * i;
-    if constexpr (std::is_same_v<T, __half>) {
-      reinterpret_cast<__half2*>(o)[0] = __floats2half2_rn(v.x, v.y);
-      reinterpret_cast<__half2*>(o)[1] = __floats2half2_rn(v.z, v.w);
-    } else {
-      reinterpret_cast<__nv_bfloat162*>(o)[0] = __floats2bfloat162_rn(v.x, v.y);
-      reinterpret_cast<__nv_bfloat162*>(o)[1] = __floats2bfloat162_rn(v.z, v.w);
+  const int q = threadIdx.x % kSumLanes, n = k2 * splits;
+  const int h = int((blockIdx.x * blockDim.x + threadIdx.x) / kSumLanes);  // this lane's piece of a row
+  if (int((blockIdx.x * blockDim.x + (threadIdx.x & ~31u)) / kSumLanes) >= H8) return;  // the whole warp
+  for (int64_t t = blockIdx.y; t < M; t += gridDim.y) {  // warp-uniform (the shuffles need every lane)
+    float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (h < H8) {
+      const uint4* rows = part + t * k2 * H8 + h;
+#pragma unroll 4
+      for (int r = q; r < n; r += kSumLanes) {
+        const int j = r / splits, sp = r - j * splits;  // row r = slot j, split sp
+        add8<T>(s, __ldcs(rows + sp * plane8 + int64_t(j) * H8));
+      }
+    }
+#pragma unroll
+    for (int m = kSumLanes / 2; m > 0; m >>= 1)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], m);
+    if (h < H8 && q == 0) {
+      uint4 v;
+      T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[i] = T(s[i]);
+      out[t * H8 + h] = v;
     }
   }
 }
@@ -199,24 +224,35 @@ void launch_gather_slots(const void* x, int64_t M, int64_t H, const int32_t* ids
     WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gather_slots_kernel<false>, xs, H, ids, k2, j_begin, j_end, n_perm, perm, os));
 }
 
-void launch_cast_out(const float* acc, void* out, DType act, int64_t n, Stream stream) {
-  if (n % 4 != 0) throw Error("cast: n=" + std::to_string(n) + " is not a multiple of 4");
-  if (n == 0) return;
+void launch_slot_sum_out(const void* part, int splits, int64_t M, int k2, int64_t H, void* out, DType act,
+                         Stream stream) {
+  if (H <= 0 || H % 8 != 0 || splits < 1 || k2 < 1 || M < 0)
+    throw Error("top-k sum: H=" + std::to_string(H) + " (a positive multiple of 8), splits=" + std::to_string(splits) +
+                ", k2=" + std::to_string(k2) + " or M=" + std::to_string(M) + " is out of range");
+  if (reinterpret_cast<uintptr_t>(part) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0)
+    throw Error("top-k sum: the rows or the output are not 16-byte aligned");
+  if (M == 0) return;
+  if (H / 8 >= (int64_t(1) << 28)) throw Error("top-k sum: H=" + std::to_string(H) + " is too large");
   const int threads = 256;
+  const int64_t H8 = H / 8;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(grid_for(n / 4, threads)));
+  // x: the pieces of one token's row (kSumLanes lanes each); y: tokens.
+  const int64_t gx = (H8 * kSumLanes + threads - 1) / threads;
+  cfg.gridDim = dim3(unsigned(gx), unsigned(std::clamp<int64_t>(M, 1, std::max<int64_t>(1, 16384 / gx))));
   cfg.blockDim = dim3(threads);
   cfg.stream = static_cast<cudaStream_t>(stream);
   cfg.attrs = attr;
   cfg.numAttrs = portable_path() ? 0 : 1;  // programmatic dependent launch: the Hopper path
-  const auto* a4 = reinterpret_cast<const float4*>(acc);
+  const auto* p = static_cast<const uint4*>(part);
+  auto* o = static_cast<uint4*>(out);
+  const int64_t plane8 = M * k2 * H8;  // one split's rows
   if (act == DType::BF16)
-    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cast_kernel<__nv_bfloat16>, a4, static_cast<__nv_bfloat16*>(out), n / 4));
+    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, slot_sum_kernel<__nv_bfloat16>, p, splits, M, k2, int(H8), plane8, o));
   else
-    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cast_kernel<__half>, a4, static_cast<__half*>(out), n / 4));
+    WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, slot_sum_kernel<__half>, p, splits, M, k2, int(H8), plane8, o));
 }
 
 }  // namespace wna16::cuda

@@ -25,6 +25,7 @@ class CudaBackendLayer final : public MoeBackendLayer {
  public:
   CudaBackendLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w) : spec_(spec), layer_(spec, w), H_(spec.hidden) {}
   Device device() const override { return Device::Cuda; }
+  void set_batch_invariant(bool on) override { layer_.set_batch_invariant(on); }
 
   void forward_host(const void* x, void* out, int64_t M, DType dtype) override {
     run_host(x, out, M, dtype, [&](const void* xd, void* od, DType act) {

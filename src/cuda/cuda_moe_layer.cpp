@@ -1,15 +1,16 @@
 // CudaMoeLayer: the MoE layer packed once into the fused GEMM layout (moe_gemm.h) on the device
 // (device_pack.h, from host or device checkpoint tensors) and the per-call pipeline on one stream:
-//   router logits (fp32; also zeroes out_f32; plain launch)
+//   router logits (fp32; also zeroes the GEMMs' counters; plain launch)
 //   -> routing (also appends the shared-expert slots) -> align (route_and_align; for one token
 //      the routing kernel writes the align tables itself, and where the plan says gemm_routes the GEMMs
 //      route the token themselves from the logits instead); programmatic dependent launches
 //   -> act-order only: x gathered per slot in each slot's expert's k order (launch_gather_slots)
 //   -> GEMM1 (gate/up, SiLU*up, intermediate in act dtype; a programmatic dependent of align that
 //      waits for it first, but at decode runs the shared slices' m-blocks before that wait)
-//   -> GEMM2 (x routing weight, fp32 atomics into out_f32: the top-k sum and split-K partials;
-//      programmatic dependent of GEMM1)
-//   -> cast to act (programmatic dependent of GEMM2: waits for its completion before reading).
+//   -> GEMM2 (x routing weight, one row in act per slot and K split; programmatic dependent of GEMM1)
+//   -> the top-k sum in fp32, in a fixed order, cast to act (launch_slot_sum_out; programmatic
+//      dependent of GEMM2: waits for its completion before reading). No atomics add floats
+//      anywhere, so every run gives the same bits.
 // No allocation and no host synchronisation inside forward(); it can be captured in a CUDA graph.
 //
 // Kernel experts: the shared expert(s) cut into S = ceil(shared_inter/I) slices of width I (SwiGLU
@@ -70,7 +71,7 @@ void stage_done(const char* what, cudaStream_t st) {
 
 struct Workspace {
   int64_t logits = 0, gate = 0, ids = 0, w = 0, ids2 = 0, w2 = 0, sorted = 0, eids = 0, ntpp = 0, inter = 0,
-          acc = 0, handoff = 0, pre_scratch = 0, pre_count = 0, zero_end = 0, xperm = 0, xgather = 0, total = 0;
+          part = 0, handoff = 0, pre_scratch = 0, pre_count = 0, zero_end = 0, xperm = 0, xgather = 0, total = 0;
   int64_t max_padded = 0, max_blocks = 0;
 };
 
@@ -129,18 +130,17 @@ struct CudaMoeLayer::Impl {
     ws.eids = take(ws.max_blocks * 4);
     ws.ntpp = take(4);
     ws.inter = take(ws.max_padded * I * 2);
-    ws.acc = take(M * H * 4);
     // The decode GEMMs' m-block handoff (GemmRun::mb_done): kHandoffSlots counters per m-block,
-    // then the item counter; zeroed with the accumulator by the router launch (it directly
-    // follows acc).
+    // then the item counter; zeroed by the router launch (from here to zero_end).
     ws.handoff = take((handoff_counters(ws.max_blocks) + 1) * 4);
-    // Decode with shared slices: GEMM1's shared-slice K parts (GemmRun::pre_scratch / pre_count),
-    // zeroed by the router too, where the plan runs them.
-    if (layer_pre_parts(shape, M, config)) {
-      ws.pre_scratch = take(pre_scratch_floats(M, S, g1.NT) * 4);
-      ws.pre_count = take(pre_count_ints(M, S, g1.NT) * 4);
-    }
+    // Decode with shared slices: GEMM1's shared-slice K parts (GemmRun::pre_scratch / pre_count,
+    // the counts zeroed by the router too), where the plan runs them.
+    const bool parts = layer_pre_parts(shape, M, config);
+    if (parts) ws.pre_count = take(pre_count_ints(M, S, g1.NT) * 4);
     ws.zero_end = off;
+    if (parts) ws.pre_scratch = take(pre_scratch_floats(M, S, g1.NT) * 4);
+    // GEMM2's rows (2-byte act), one per slot and K split (every one it may write: gemm2_part_rows).
+    ws.part = take(gemm2_part_rows(M, k2) * H * 2);
     // The wgmma configs' x: k-permuted rows in m-block order (launch_kperm_positions); with the
     // act-order gather, x's rows per slot instead (k-permuted for the wgmma configs).
     ws.xgather = gathers ? take(slots * H * 2) : off;
@@ -165,7 +165,7 @@ struct CudaMoeLayer::Impl {
     LayerPlan plan;
     cudaStream_t st = nullptr;
     char* ws = nullptr;
-    float* acc = nullptr;      // the fp32 top-k sum
+    void* part = nullptr;      // GEMM2's rows per slot and split (act)
     const float* w2 = nullptr;  // routing weights of every slot (shared slices included)
   };
   // The caller's routing (forward_routed): device [M, k] ids and weights.
@@ -182,7 +182,7 @@ struct CudaMoeLayer::Impl {
     if (M == 0) return false;
     c->st = static_cast<cudaStream_t>(stream);
     c->ws = static_cast<char*>(workspace);
-    c->acc = reinterpret_cast<float*>(c->ws + c->L.acc);
+    c->part = c->ws + c->L.part;
     c->w2 = reinterpret_cast<const float*>(c->ws + (S > 0 ? c->L.w2 : c->L.w));
     if (given) {
       // No router logits and no routing kernel to take the tables from.
@@ -217,13 +217,13 @@ struct CudaMoeLayer::Impl {
     r.x_stride = H;
     r.out = ws + L.inter;
   }
-  // GEMM2: intermediate times down, scaled by the slot's routing weight, summed into acc (fp32).
-  void set_gemm2(GemmRun& r, float* acc, const float* w2, char* ws, const Workspace& L) const {
+  // GEMM2: intermediate times down, scaled by the slot's routing weight, one row per slot and split.
+  void set_gemm2(GemmRun& r, void* part, const float* w2, char* ws, const Workspace& L) const {
     r.epilogue = GemmEpilogue::WeightedSum;
     r.x = ws + L.inter;
     r.x_stride = I;
     r.x_rows = L.max_padded;  // the intermediate's allocated rows
-    r.out = acc;
+    r.out = part;
     r.topk_weights = w2;
   }
 };
@@ -316,11 +316,11 @@ void CudaMoeLayer::Impl::check_call(const void* x, const void* out, int64_t M, D
 }
 
 // Router logits (plain launch: fully ordered after whatever came before, which may still read the
-// accumulator it zeroes), then routing with the shared-expert slots appended -> align, both with
+// counters it zeroes), then routing with the shared-expert slots appended -> align, both with
 // programmatic dependent launch. Each programmatic launch waits (griddepcontrol.wait) in every
 // thread before its first global access, so each completes only after its predecessor did; GEMM1,
 // a programmatic dependent that waits first, starts after the align step completed, and by then
-// the router's zero-fill of the accumulator is complete too.
+// the router's zero-fill of the counters is complete too.
 // NOTE: a kernel fusing routing and align at small slot counts (one launch fewer) measured no
 // faster end to end on the H200 and was removed (docs/perf.md).
 void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, char* ws, const Workspace& L,
@@ -328,9 +328,9 @@ void CudaMoeLayer::Impl::route_and_align(const void* x, int64_t M, DType act, ch
   const int block_m = gemm_config_block_m(plan.config);
   auto* logits = reinterpret_cast<float*>(ws + L.logits);
   auto* gate = reinterpret_cast<float*>(ws + L.gate);
-  const int64_t zero_n = (L.zero_end - L.acc) / 4;  // acc, handoff, the shared-slice parts' scratch
+  const int64_t zero_n = (L.zero_end - L.handoff) / 4;  // handoff, the shared-slice parts' counts
   launch_router_logits(x, act, M, H, router.p, router_dtype, E, gated ? E + 1 : E, logits, gate,
-                       reinterpret_cast<float*>(ws + L.acc), zero_n, st);
+                       reinterpret_cast<float*>(ws + L.handoff), zero_n, st, shape.batch_invariant);
   stage_done("router logits", st);
   if (diag_skip(2) || skip_routing) return;
   // A programmatic dependent of the router that reads only x: its gather overlaps the router.
@@ -394,16 +394,19 @@ size_t CudaMoeLayer::workspace_bytes(int64_t max_m) const {
 
 size_t CudaMoeLayer::weight_bytes() const { return impl_->weight_bytes; }
 
+void CudaMoeLayer::set_batch_invariant(bool on) { impl_->shape.batch_invariant = on; }
+bool CudaMoeLayer::batch_invariant() const { return impl_->shape.batch_invariant; }
+
 // The caller's slots (a plain launch that also zero-fills what the router launch would), then
 // align as after the routing kernel.
 void CudaMoeLayer::Impl::given_and_align(const void* x, int64_t M, DType act, const Given& g, char* ws,
                                          const Workspace& L, const LayerPlan& plan, cudaStream_t st) const {
-  const int64_t zero_n = (L.zero_end - L.acc) / 4;
+  const int64_t zero_n = (L.zero_end - L.handoff) / 4;
   const void* gate_row =
       gated ? static_cast<const char*>(router.p) + int64_t(E) * H * (router_dtype == DType::BF16 ? 2 : 4) : nullptr;
   int32_t* ids2 = slot_ids(ws, L);
   launch_given_slots(x, act, M, H, g.ids, g.weights, k, E, S, gate_row, router_dtype, ids2,
-                     reinterpret_cast<float*>(ws + (S > 0 ? L.w2 : L.w)), reinterpret_cast<float*>(ws + L.acc), zero_n,
+                     reinterpret_cast<float*>(ws + (S > 0 ? L.w2 : L.w)), reinterpret_cast<float*>(ws + L.handoff), zero_n,
                      st);
   stage_done("given routing", st);
   if (plan.shared_rows_first) {
@@ -498,23 +501,23 @@ void CudaMoeLayer::Impl::run_gemms(const void* x, void* out, int64_t M, DType ac
   r.pre_wait_slices = 0;
   r.pre_scratch = nullptr;
   r.pre_count = nullptr;
-  r.out_kperm = false;  // GEMM2 writes the fp32 accumulator; its input (the intermediate) is k-permuted with kperm
+  r.out_kperm = false;  // GEMM2 writes rows in natural order; its input (the intermediate) is k-permuted with kperm
   r.x_by_position = false;  // GEMM2's input is in m-block order by construction
-  d.set_gemm2(r, c.acc, c.w2, ws, L);
+  d.set_gemm2(r, c.part, c.w2, ws, L);
   r.splits = plan.gemm2_splits;
   r.overlap_previous = true;  // GEMM2's weights do not depend on GEMM1: stream them during its tail
   if (plan.handoff) {
     r.mb_done_target = int(gemm1.NT / 2);
     r.item_claim = reinterpret_cast<int32_t*>(ws + L.handoff) + handoff_counters(L.max_blocks);
   }
-  launch_moe_gemm(d.g2, r, st);
+  const int splits = launch_moe_gemm(d.g2, r, st);
   stage_done("GEMM2 (down)", st);
   if (diag_skip(6)) return;
 
-  // A programmatic dependent of GEMM2 (which releases its dependents early): the cast's set-up
+  // A programmatic dependent of GEMM2 (which releases its dependents early): the sum's set-up
   // overlaps GEMM2's tail and its griddepcontrol.wait waits for GEMM2's completion and flush.
-  launch_cast_out(c.acc, out, act, M * d.H, st);
-  stage_done("cast", st);
+  launch_slot_sum_out(c.part, splits, M, int(d.k2), d.H, out, act, st);
+  stage_done("top-k sum", st);
 }
 
 void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, DType act, void* workspace,
@@ -552,16 +555,17 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
     launch_moe_gemm(gather ? d.g1_gathered : d.g1, r, c.st);
   }
   r.x_per_slot = false;
+  int splits = 1;  // the same for every launch (it depends on the weights and r.splits only)
   for (const auto& [b0, nb] : runs) {
-    d.set_gemm2(r, c.acc, c.w2, c.ws, L);
+    d.set_gemm2(r, c.part, c.w2, c.ws, L);
     r.mb_begin = b0;
     r.mb_count = nb;
     r.splits = plan.gemm2_splits;
-    launch_moe_gemm(d.g2, r, c.st);
+    splits = launch_moe_gemm(d.g2, r, c.st);
   }
-  // After the last GEMM2 launch (plain launches here) the cast, a programmatic dependent: its
+  // After the last GEMM2 launch (plain launches here) the sum, a programmatic dependent: its
   // griddepcontrol.wait waits for that launch, which ran after every launch before it.
-  launch_cast_out(c.acc, out, act, M * d.H, c.st);
+  launch_slot_sum_out(c.part, splits, M, int(d.k2), d.H, out, act, c.st);
 }
 
 }  // namespace wna16::cuda

@@ -79,6 +79,11 @@ constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
 static_assert(kConfigs[2].max_gather >= kAny && kConfigs[2].max_portable >= kAny && kConfigs[kNumConfigs - 1].max_plain >= kAny,
               "m64 takes every act-order and every portable call, m144w every plain one, that rows before do not");
 
+constexpr int kRowM64 = 2, kRowM32W = 3;  // the batch-invariant mode's rows
+static_assert(kConfigs[kRowM64].block_m == gemm::CfgM64::BLOCK_M && !kConfigs[kRowM64].hopper &&
+                  kConfigs[kRowM32W].block_m == gemm::CfgM32W::BLOCK_M && kConfigs[kRowM32W].hopper,
+              "the batch-invariant rows");
+
 int g_forced_config = -1;      // force_gemm_config
 bool g_forced_portable = false;  // force_portable_path
 
@@ -159,6 +164,13 @@ LayerPlan plan_layer_call(const LayerShape& s, int64_t M, DType act) {
                   " has no act-order gather, which this layer needs at M=" + std::to_string(M));
     p.config = g_forced_config;
   }
+  if (s.batch_invariant) {
+    // One arithmetic per token whatever M: the wgmma rows dequantise and accumulate a token's
+    // column alike (m32w, m64w and m144w give the same bits), the decode kernel does not (raw codes,
+    // per-group scales, K splits); the staged gather and the portable path take m64 at every M.
+    // GEMM2 then runs unsplit (below) and the router on one kernel and split (the layer).
+    p.config = portable_path() || staged_gather ? kRowM64 : row(p.config).hopper ? p.config : kRowM32W;
+  }
   if (portable_path() && row(p.config).hopper)
     throw Error(std::string("GEMM config ") + row(p.config).name + " runs on the Hopper path only; this call takes the portable path (" +
                 (g_forced_portable ? "forced" : "compute capability " + std::to_string(device_compute_capability())) + ")");
@@ -204,8 +216,17 @@ LayerPlan plan_layer_call(const LayerShape& s, int64_t M, DType act) {
     plain.perm = plain.perm_up = nullptr;
     p.handoff = mb_handoff_pays(plain, r);
   }
-  p.gemm2_splits = choose_splits(*s.g2, p.config, act, M, k2);
+  // GEMM2 writes one row per slot and split: at most gemm2_part_rows of them.
+  p.gemm2_splits = s.batch_invariant ? 1 : int(std::min<int64_t>(choose_splits(*s.g2, p.config, act, M, k2),
+                                         std::max<int64_t>(1, gemm2_part_rows(M, k2) / std::max<int64_t>(1, M * k2))));
   return p;
+}
+
+int64_t gemm2_part_rows(int64_t M, int64_t k2) {
+  // Splits pay only while the m-blocks are too few to fill the device: up to 32 (choose_splits'
+  // bound) for a few tokens, none from kSplitTokens tokens; non-decreasing in M.
+  constexpr int64_t kSplitTokens = 256;
+  return k2 * std::max(M, std::min(kSplitTokens, 32 * M));
 }
 
 // ---- the GEMM work shape -----------------------------------------------------------------------
@@ -363,7 +384,6 @@ DecodePlan plan_decode(const DeviceGemm& w, const GemmRun& r, int splits, int kc
 // longer, and the chain's round trips wait less behind them (DeepSeek-V3 M=1 0.3-0.85 us faster
 // with 4 parts than with 8).
 int64_t shared_slice_parts(int64_t base, int64_t KC, int64_t cpg, int kw, int64_t resident) {
-  constexpr int64_t kPreMaxParts = 4;
   return std::max<int64_t>(1, std::min<int64_t>({resident / std::max<int64_t>(1, base), KC / (kw * cpg), kPreMaxParts}));
 }
 

@@ -62,6 +62,9 @@ struct LayerShape {
   bool softmax_topk = false;  // RoutingMethod::SoftmaxTopK
   const DeviceGemm* g1 = nullptr;  // gate/up, with its act-order perm (perm_up when distinct)
   const DeviceGemm* g2 = nullptr;  // down
+  // Batch-invariant mode (CudaMoeLayer::set_batch_invariant): a token's output bits do not depend
+  // on the other tokens of the call: one arithmetic per token at every M (see plan_layer_call).
+  bool batch_invariant = false;
 };
 
 // Everything a call of M tokens does differently from another, decided here.
@@ -93,8 +96,13 @@ struct LayerPlan {
   // Both GEMMs on the decode kernel: GEMM2 starts on each m-block once GEMM1 has stored it
   // (GemmRun::mb_done). Needs the align bound on m-blocks: see plan_layer_call.
   bool handoff = false;
-  int gemm2_splits = 1;  // split-K of GEMM2
+  int gemm2_splits = 1;  // split-K of GEMM2, splits x M x k2 <= gemm2_part_rows(M, k2)
 };
+
+// The rows of GEMM2's per-slot output (GemmRun WeightedSum: one per slot and K split) that a call of
+// M tokens with k2 slots each may write; non-decreasing in M, so a workspace for max_m tokens holds
+// those of every smaller call.
+int64_t gemm2_part_rows(int64_t M, int64_t k2);
 
 // Tokens up to which a call may run GEMM1's shared-slice parts (its workspace holds their scratch).
 constexpr int64_t kPreScratchMaxM = 1;

@@ -104,7 +104,11 @@ struct DeviceGemm {
 
 enum class GemmEpilogue {
   SiluMul,       // GEMM1: inter[padded_pos, c] = act(silu(gate) * up); x rows = token = slot / topk
-  WeightedSum,   // GEMM2: out_f32[token, n] += topk_weight[slot] * acc (fp32 atomics); x rows = padded_pos
+  // GEMM2: out[split, slot, n] = act(topk_weight[slot] * acc of K split `split`), rounded to the
+  // activation dtype as a model's own expert output is (plain stores: every row of every split the
+  // launch runs is written once); x rows = padded_pos. The token's output is the fp32 sum over its
+  // slots and splits in a fixed order (launch_slot_sum_out): no atomics, so the same bits on every run.
+  WeightedSum,
 };
 
 struct GemmRun {
@@ -116,7 +120,7 @@ struct GemmRun {
   // SiluMul: x has one row per slot (an act-order gather's output, launch_gather_slots: already in
   // each slot's expert's k order) instead of one per token; w then takes no perm.
   bool x_per_slot = false;
-  void* out = nullptr;            // SiluMul: act [max_padded, N/2]; WeightedSum: float [M, N]
+  void* out = nullptr;            // SiluMul: act [max_padded, N/2]; WeightedSum: act [splits, num_slots, N]
   const float* topk_weights = nullptr;  // WeightedSum: [num_slots]
   int topk = 1;                   // slots per token
   int64_t num_slots = 0;          // M * topk; also the align sentinel
@@ -126,7 +130,7 @@ struct GemmRun {
   int64_t max_blocks = 0;         // expert_ids capacity (grid bound)
   int64_t mb_begin = 0;           // first m-block
   int64_t mb_count = -1;          // < 0: all m-blocks, count read on the device from num_tokens_post_padded
-  int splits = 1;                 // split-K (WeightedSum only)
+  int splits = 1;                 // split-K (WeightedSum only; launch_moe_gemm returns the splits it ran, <= this)
   int decode_kw = 0;              // decode kernel (config m8): warps per tile unit along K, 1/2/4; 0: chosen
   // Decode kernel, int4: kDecodePairs (0): a warp owns one gate/up tile pair; kDecode4Tiles (1):
   // two adjacent pairs (4 tiles); kDecodeTilesAuto (2): per GEMM, the shape the critical-path model
@@ -177,10 +181,11 @@ struct GemmRun {
   int pre_wait_slices = 0;
   // With pre_wait_slices: each shared-slice item split along K into parts run by different blocks
   // (more blocks busy during the routing chain), where the launcher finds the parts fit one round
-  // of the resident blocks. Each part adds its partial sums to pre_scratch ([S * ceil(M / 8) * 8]
-  // token columns x NT * 16 floats) and counts itself in pre_count (S * ceil(M / 8) * NT / 2
-  // ints); the last part of a tile unit applies the epilogue. Both must be zero when GEMM1's first
-  // block starts (not just before its wait). Null: one part (the whole K) per item.
+  // of the resident blocks. Each part stores its partial sums in its own part of pre_scratch
+  // (kPreMaxParts x [S * ceil(M / 8) * 8] token columns x NT * 16 floats) and counts itself in
+  // pre_count (S * ceil(M / 8) * NT / 2 ints); the last part of a tile unit adds the parts in part
+  // order (the same sum on every run) and applies the epilogue. pre_count must be zero when GEMM1's
+  // first block starts (not just before its wait). Null: one part (the whole K) per item.
   float* pre_scratch = nullptr;
   int32_t* pre_count = nullptr;
   // One token on the decode kernel (num_slots == topk == route_topk, all m-blocks, no shared
@@ -193,8 +198,11 @@ struct GemmRun {
   int route_topk = 0;
   bool route_renormalize = true;
 };
-// The shared-slice parts' scratch sizes for GEMM1 (N = 2I, NT its n-tiles) at M tokens, S slices.
-inline int64_t pre_scratch_floats(int64_t M, int S, int64_t NT) { return int64_t(S) * ((M + 7) / 8) * 8 * NT * 16; }
+// The shared-slice parts' scratch sizes for GEMM1 (N = 2I, NT its n-tiles) at M tokens, S slices:
+// one part's floats (pre_part_floats) and all parts' (pre_scratch_floats).
+constexpr int kPreMaxParts = 4;
+inline int64_t pre_part_floats(int64_t M, int S, int64_t NT) { return int64_t(S) * ((M + 7) / 8) * 8 * NT * 16; }
+inline int64_t pre_scratch_floats(int64_t M, int S, int64_t NT) { return kPreMaxParts * pre_part_floats(M, S, NT); }
 inline int64_t pre_count_ints(int64_t M, int S, int64_t NT) { return int64_t(S) * ((M + 7) / 8) * (NT / 2); }
 
 // The prefill kernel's k-permuted activation layout: inside each 64-element chunk of a row, the
@@ -217,7 +225,8 @@ constexpr int64_t handoff_counters(int64_t max_blocks) { return max_blocks * kHa
 // Sets the kernels' shared-memory limits and reads their occupancy (no launch); launch_moe_gemm
 // does it on first use otherwise. Call before capturing a graph.
 void prepare_moe_gemm(int bits);
-// Throws Error naming the bad value before anything is launched.
-void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream);
+// Throws Error naming the bad value before anything is launched. Returns the K splits it ran
+// (WeightedSum: the rows of `out` it writes are [splits, num_slots]; <= r.splits, none empty).
+int launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream);
 
 }  // namespace wna16::cuda

@@ -36,7 +36,7 @@ DeviceInfo device_info() {
 
 }  // namespace gemm
 
-void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
+int launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   if (w.bits != 4 && w.bits != 8) throw Error("bits=" + std::to_string(w.bits) + " is not supported (4 or 8)");
   if (r.act != DType::BF16 && r.act != DType::F16)
     throw Error(std::string("activation dtype ") + dtype_name(r.act) + " is not supported (f16 or bf16)");
@@ -118,7 +118,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
                 std::to_string(max_padded_slots(r.num_slots, w.E, gemm_config_block_m(r.config))) + ")");
   if (w.E * w.G * w.NT * 8 >= (int64_t(1) << 31))
     throw Error("scale table of " + std::to_string(w.E * w.G * w.NT * 8) + " words is above the kernel's 2^31 index range");
-  if (r.num_slots == 0 || r.mb_count == 0) return;
+  if (r.num_slots == 0 || r.mb_count == 0) return 1;  // nothing is written
 
   gemm::KParams kp{};
   kp.qweight = static_cast<const uint4*>(w.qweight);
@@ -212,6 +212,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
         kp.pre_kc = int((kc + group - 1) / group * group);
         kp.pre_parts = int((kp.KC + kp.pre_kc - 1) / kp.pre_kc);
         kp.pre_scratch = r.pre_scratch;
+        kp.pre_part_stride = pre_wait_mblocks(r) * gemm::kDecodeBM * kp.NT * 16;  // pre_part_floats
         kp.pre_count = r.pre_count;
       }
     }
@@ -223,6 +224,7 @@ void launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   auto s = static_cast<cudaStream_t>(stream);
   if (w.bits == 4) gemm::launch_w4(&kp, r.config, r.act, upper, s);
   else gemm::launch_w8(&kp, r.config, r.act, upper, s);
+  return kp.splits;
 }
 
 void prepare_moe_gemm(int bits) {

@@ -655,9 +655,11 @@ constexpr int kRouterCtasPerSm = 8;
 template <class T, class R, class Kernel>
 void launch_router_split_h(Kernel kern, int TE, int TM, int KSTEP, int threads, const T* x, int64_t M, int64_t H,
                            const R* router, int E, int E_ext, float* logits, float* gate_logit, float* zero,
-                           int64_t zero_n, cudaStream_t s) {
+                           int64_t zero_n, cudaStream_t s, bool fixed_split = false) {
   const int64_t tiles = int64_t((E_ext + TE - 1) / TE) * ((M + TM - 1) / TM);
-  int KS = int(std::clamp<int64_t>((kRouterCtasPerSm * sm_count() + tiles - 1) / tiles, 1, kTileMaxSplit));
+  // fixed_split (batch invariance): the split, and so each logit's order of additions, from H alone.
+  int KS = fixed_split ? kTileMaxSplit
+                       : int(std::clamp<int64_t>((kRouterCtasPerSm * sm_count() + tiles - 1) / tiles, 1, kTileMaxSplit));
   KS = int(std::min<int64_t>(KS, std::max<int64_t>(1, H / (8 * KSTEP))));
   if (portable_path()) KS = 1;  // no clusters: one CTA per tile
   const int k_per_split = int((H + KS * KSTEP - 1) / (KS * KSTEP) * KSTEP);
@@ -692,7 +694,7 @@ void launch_router_tiled(const T* x, int64_t M, int64_t H, const R* router, int 
 
 void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const void* router, DType router_dtype,
                           int E, int E_ext, float* logits, float* gate_logit, float* zero, int64_t zero_n,
-                          Stream stream) {
+                          Stream stream, bool batch_invariant) {
   if (zero_n % 4 != 0) throw Error("router: zero_n=" + std::to_string(zero_n) + " is not a multiple of 4");
   if (H % 4 != 0) throw Error("router: H=" + std::to_string(H) + " is not a multiple of 4");
   if (E_ext != E && E_ext != E + 1) throw Error("router: E_ext=" + std::to_string(E_ext) + " must be E or E+1");
@@ -707,6 +709,23 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
     using R = decltype(rtag);
     const T* xt = static_cast<const T*>(x);
     const R* rw = static_cast<const R*>(router);
+    const bool mma_ok = E_ext >= 32 && H % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(router) % 16 == 0 && (M + kMmaTM - 1) / kMmaTM <= 65535;
+    if (batch_invariant) {  // the same kernel and split at every M (the layer's x is 16-byte aligned)
+      if (mma_ok) {
+        launch_router_split_h(router_mma_kernel<T, R>, kMmaTE, kMmaTM, kMmaTK, kMmaThreads, xt, M, H, rw, E, E_ext,
+                              logits, gate_logit, zero, zero_n, s, true);
+        return;
+      }
+      if ((M + kSmallM - 1) / kSmallM > 65535)
+        throw Error("router: M=" + std::to_string(M) + " exceeds the batch-invariant router's grid");
+      const dim3 grid(unsigned(E_ext), unsigned((M + kSmallM - 1) / kSmallM));
+      router_small_kernel<T, R, false><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), rw, E, E_ext, logits,
+                                                                      gate_logit, reinterpret_cast<float4*>(zero),
+                                                                      zero_n / 4);
+      WNA16_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
     // The split kernel spreads H over a cluster of CTAs: the Hopper path only.
     if (M >= kSplitMinM && M <= kSplitMaxM && reinterpret_cast<uintptr_t>(x) % 8 == 0 && !portable_path()) {
       const SplitPlan pl = plan_split(M, H, E_ext);
@@ -734,8 +753,7 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
     }
     // Many tokens and experts: tensor cores (DeepSeek-V3 M=4096: 15 GFLOP that the fp32 tiled
     // kernel took 0.74 ms for; M=1024 265 us there, 2026-12-02 ncu). Needs 16-byte x rows.
-    if (M > kSmallMaxM && E_ext >= 32 && H % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-        reinterpret_cast<uintptr_t>(router) % 16 == 0 && (M + kMmaTM - 1) / kMmaTM <= 65535) {
+    if (M > kSmallMaxM && mma_ok) {
       launch_router_split_h(router_mma_kernel<T, R>, kMmaTE, kMmaTM, kMmaTK, kMmaThreads, xt, M, H, rw, E, E_ext, logits,
                             gate_logit, zero, zero_n, s);
       return;

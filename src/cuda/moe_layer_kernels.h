@@ -14,10 +14,12 @@ using Stream = void*;
 // router row is the shared-expert gate and its result goes to gate_logit[m] instead.
 // x: act [M, H]; router: [E_ext, H] in fp32, or in bf16 (router_dtype), which gives the same
 // logits for the same values at half the bytes; H a multiple of 4. Also zeroes zero[0, zero_n)
-// (the layer's fp32 accumulator; zero_n a multiple of 4) so the layer needs no separate memset.
+// (the layer's counters; zero_n a multiple of 4) so the layer needs no separate memset.
+// batch_invariant: one kernel and H split for every M (the tensor-core router for 32 or more rows,
+// else the small kernel), so a token's logits do not depend on the other tokens of the call.
 void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const void* router, DType router_dtype,
                           int E, int E_ext, float* logits, float* gate_logit, float* zero, int64_t zero_n,
-                          Stream stream);
+                          Stream stream, bool batch_invariant = false);
 
 struct RoutingAlignOut {
   int32_t* sorted = nullptr;
@@ -76,8 +78,13 @@ void launch_kperm_positions(const void* x, int64_t H, const int32_t* sorted_ids,
 void launch_gather_slots(const void* x, int64_t M, int64_t H, const int32_t* ids, int k2, const int32_t* perm,
                          int n_perm, void* out, bool kperm, Stream stream, int j_begin = 0, int j_end = -1);
 
-// out[i] = act(acc[i]) for i < n (n a multiple of 4). Launched with programmatic dependent launch
-// after the layer's GEMM2: it waits (griddepcontrol.wait) for the previous kernel before reading acc.
-void launch_cast_out(const float* acc, void* out, DType act, int64_t n, Stream stream);
+// The top-k sum of GEMM2's per-slot rows (GemmRun WeightedSum): out[t, n] = act(the fp32 sum of
+// part[s, t * k2 + j, n] over the token's rows r = j * splits + s), in a fixed order (lane q of 8
+// adds rows q, q + 8, ... in turn, then the lanes pairwise) that depends on neither M nor timing: the
+// same bits on every run. part: [splits, M * k2, H] in act; H a multiple of 8. Launched with
+// programmatic dependent launch after the layer's GEMM2: it waits (griddepcontrol.wait) for the
+// previous kernel before reading part.
+void launch_slot_sum_out(const void* part, int splits, int64_t M, int k2, int64_t H, void* out, DType act,
+                         Stream stream);
 
 }  // namespace wna16::cuda

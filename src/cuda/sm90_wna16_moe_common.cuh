@@ -386,7 +386,8 @@ struct KParams {
   int pre_slices;        // decode kernel only, GEMM1 with pdl == 2: GemmRun::pre_wait_slices
   int pre_parts;         // decode kernel only: K parts per shared-slice item (1: whole K), each pre_kc
   int pre_kc;            //   chunks (whole groups); > 1 needs pre_scratch, pre_count (GemmRun)
-  float* pre_scratch;
+  float* pre_scratch;    //   each part's own floats at pre_scratch + part * pre_part_stride
+  int64_t pre_part_stride;
   int32_t* pre_count;
   int pre_base;          // decode kernel only: the shared slices' items (whole K), and x pre_parts
   int pre_total;
@@ -424,24 +425,20 @@ __device__ __forceinline__ WorkItem decode_item(const KParams& p, int64_t item, 
 
 // The staged and prefill kernels' token tables of m-block mb: s_slot[c] = the slot of token column c
 // (-1: padding), s_src[c] = the x row that feeds it; for the weighted sum (epilogue 1) also the
-// column's output row s_orow[c] (its token) and routing weight s_wt[c], read here once per item
+// column's routing weight s_wt[c], read here once per item
 // by all columns at once: read in the epilogue, each weight was a dependent L2 round trip per
 // column (ncu, prefill GEMM2 at DeepSeek-V3 M=4096: the epilogue's FMULs waited on them).
 // Returns the valid columns, block-wide (they form a prefix: align pads each expert's run at its
 // end). Every thread of the block calls it.
 template <int BM>
-__device__ __forceinline__ int fill_row_tables(const KParams& p, int mb, int tid, int* s_slot, int* s_src, int* s_orow,
-                                               float* s_wt) {
+__device__ __forceinline__ int fill_row_tables(const KParams& p, int mb, int tid, int* s_slot, int* s_src, float* s_wt) {
   int is_valid = 0;
   if (tid < BM) {
     const int slot = __ldg(p.sorted_ids + int64_t(mb) * BM + tid);
     is_valid = slot >= 0 && slot < p.num_slots;
     s_slot[tid] = is_valid ? slot : -1;
     s_src[tid] = !is_valid ? -1 : (p.epilogue == 0 && !p.x_pos ? slot / p.x_div : mb * BM + tid);
-    if (p.epilogue != 0) {
-      s_orow[tid] = is_valid ? slot / p.topk : -1;
-      s_wt[tid] = is_valid ? __ldg(p.topk_weights + slot) : 0.f;
-    }
+    if (p.epilogue != 0) s_wt[tid] = is_valid ? __ldg(p.topk_weights + slot) : 0.f;
   }
   return __syncthreads_count(is_valid);
 }

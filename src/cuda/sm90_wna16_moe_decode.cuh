@@ -503,8 +503,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
 
     // ---- epilogue: C rows are weight rows (g, g+8), columns are tokens (2*tig, 2*tig+1) ----
     if (PARTS && !tables && p.pre_parts > 1) {  // a K part of a shared-slice item
-      // This part's sums into the scratch; the unit's last part reads the totals back and stores.
-      // scratch [m-block][token column][NT * 16]: this lane's columns 2*tig (+1), rows g (+8).
+      // This part's sums into its own scratch; the unit's last part adds every part's in part
+      // order (not arrival order: the same bits on every run) and stores.
+      // scratch [part][m-block][token column][NT * 16]: this lane's columns 2*tig (+1), rows g (+8).
       float* scr = p.pre_scratch + (int64_t(mb) * kDecodeBM + 2 * tig) * (p.NT * 16) + nt0 * 16 + g;
       const int cstride = p.NT * 16;
       const bool v0 = slot0 >= 0, v1 = slot1 >= 0;
@@ -512,7 +513,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       for (int i = 0; i < NTW; ++i)
 #pragma unroll
         for (int r = 0; r < 4; ++r)
-          if ((r & 1) ? v1 : v0) atomicAdd(scr + (r & 1) * cstride + i * 16 + 8 * (r >> 1), acc[i][r]);
+          if ((r & 1) ? v1 : v0) __stcg(scr + split * p.pre_part_stride + (r & 1) * cstride + i * 16 + 8 * (r >> 1), acc[i][r]);
       __threadfence();
       __syncwarp();
       int last = 0;
@@ -520,11 +521,25 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       if (!__shfl_sync(0xffffffffu, last, 0)) continue;  // warp-uniform; no block barrier follows
       __syncwarp();  // lane 0 observed every part's count: its lanes read the sums after it
       __threadfence();
+      float part[kPreMaxParts][NTW][4];  // every part's sums in flight at once, then added in order
+#pragma unroll
+      for (int q = 0; q < kPreMaxParts; ++q)
+#pragma unroll
+        for (int i = 0; i < NTW; ++i)
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            part[q][i][r] = q < p.pre_parts && ((r & 1) ? v1 : v0)
+                                ? __ldcg(scr + q * p.pre_part_stride + (r & 1) * cstride + i * 16 + 8 * (r >> 1))
+                                : 0.f;
 #pragma unroll
       for (int i = 0; i < NTW; ++i)
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
-          if ((r & 1) ? v1 : v0) acc[i][r] = __ldcg(scr + (r & 1) * cstride + i * 16 + 8 * (r >> 1));
+        for (int r = 0; r < 4; ++r) {
+          acc[i][r] = part[0][i][r];
+#pragma unroll
+          for (int q = 1; q < kPreMaxParts; ++q)
+            if (q < p.pre_parts) acc[i][r] += part[q][i][r];
+        }
       if (lane == 0) pre_done_mb[warp] = mb, pre_done_unit[warp] = unit;
       __syncwarp();
     }
@@ -544,18 +559,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
         }
       }
     } else {
-      float* out = static_cast<float*>(p.out);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int s = e ? slot1 : slot0;
         if (s < 0) continue;
         const float w = kEarlyWt ? wt[e] : routed_here ? route_weight[s] : __ldg(p.topk_weights + s);
-        float* orow = out + int64_t(s / p.topk) * p.out_stride;
+        T* orow = static_cast<T*>(p.out) + (int64_t(split) * p.num_slots + s) * p.out_stride;  // the slot's row of this split
 #pragma unroll
         for (int i = 0; i < NTW; ++i) {
           const int n_lo = (nt0 + i) * 16 + g;
-          if (n_lo < p.N) atomicAdd(orow + n_lo, w * acc[i][e]);
-          if (n_lo + 8 < p.N) atomicAdd(orow + n_lo + 8, w * acc[i][2 + e]);
+          if (n_lo < p.N) Act<T>::store(orow + n_lo, w * acc[i][e]);
+          if (n_lo + 8 < p.N) Act<T>::store(orow + n_lo + 8, w * acc[i][2 + e]);
         }
       }
     }

@@ -38,7 +38,6 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int s_src[BM];   // x row feeding each token column; -1: padding
   __shared__ int s_slot[BM];  // slot (token * topk + choice) of each column; -1: padding
-  __shared__ int s_orow[BM];  // weighted sum: output row (token) of each column
   __shared__ float s_wt[BM];  // weighted sum: routing weight of each column
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -55,7 +54,7 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
     const WorkItem it = decode_item(p, item, nb_count);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
     __syncthreads();  // the previous item is done with s_src / s_slot and every stage buffer
-    const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src, s_orow, s_wt);
+    const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src, s_wt);
     if (expert < 0 || nvalid == 0) continue;  // uniform across the block
     const int nact = (nvalid + 7) / 8;        // 8-token MMA columns holding at least one token
     const int kc0 = split * p.kc_per_split;
@@ -326,7 +325,6 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
         }
       }
     } else {
-      float* out = static_cast<float*>(p.out);
 #pragma unroll
       for (int i = 0; i < WN; ++i) {
         const int n_lo = (nb * NTB + warp * WN + i) * 16 + g;
@@ -336,12 +334,12 @@ __global__ void __launch_bounds__(CFG::THREADS) wna16_moe_gemm_kernel(const KPar
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int col = t * 8 + 2 * tig + e;
-            const int orow_i = t < nact ? s_orow[col] : -1;
-            if (orow_i >= 0) {
+            const int slot = t < nact ? s_slot[col] : -1;
+            if (slot >= 0) {
               const float w = s_wt[col];
-              float* orow = out + int64_t(orow_i) * p.out_stride;
-              atomicAdd(orow + n_lo, w * acc[i][t][e]);
-              atomicAdd(orow + n_lo + 8, w * acc[i][t][2 + e]);
+              T* orow = static_cast<T*>(p.out) + (int64_t(split) * p.num_slots + slot) * p.out_stride;  // the slot's row of this split
+              Act<T>::store(orow + n_lo, w * acc[i][t][e]);
+              Act<T>::store(orow + n_lo + 8, w * acc[i][t][2 + e]);
             }
           }
         }

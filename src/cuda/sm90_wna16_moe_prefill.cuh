@@ -212,7 +212,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int s_src[BM];   // x row feeding each token column; -1: padding
   __shared__ int s_slot[BM];  // slot (token * topk + choice) of each column; -1: padding
-  __shared__ int s_orow[BM];  // weighted sum: output row (token) of each column
   __shared__ float s_wt[BM];  // weighted sum: routing weight of each column
   __shared__ __align__(8) uint64_t s_full[STAGES];   // stage s's weights and scales have landed
   __shared__ __align__(8) uint64_t s_empty[STAGES];  // FREE: every thread is done reading stage s
@@ -285,7 +284,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
       s_ff.mbytes = uint32_t(nt * 8 * 4);
       s_ff.row0 = mb * BM;
     }
-    const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src, s_orow, s_wt);
+    const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src, s_wt);
     if (expert < 0 || nvalid == 0) continue;  // uniform across the block
     const int kc0 = split * p.kc_per_split;
     const int kc_end = min(p.KC, kc0 + p.kc_per_split);
@@ -579,16 +578,15 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
           if (c_hi < p.N / 2) Act<T>::store(row + o_hi * sizeof(T), silu(acc[0][a + 2]) * acc[1][a + 2]);
         });
     } else {
-      float* out = static_cast<float*>(p.out);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int n_lo = (tile0 + i) * 16 + g;
         if (n_lo >= p.N) continue;
         each_token([&](int col, int a) {
           const float w = s_wt[col];
-          float* orow = out + int64_t(s_orow[col]) * p.out_stride;
-          atomicAdd(orow + n_lo, w * acc[i][a]);
-          if (n_lo + 8 < p.N) atomicAdd(orow + n_lo + 8, w * acc[i][a + 2]);
+          T* orow = static_cast<T*>(p.out) + (int64_t(split) * p.num_slots + s_slot[col]) * p.out_stride;  // the slot's row of this split
+          Act<T>::store(orow + n_lo, w * acc[i][a]);
+          if (n_lo + 8 < p.N) Act<T>::store(orow + n_lo + 8, w * acc[i][a + 2]);
         });
       }
     }

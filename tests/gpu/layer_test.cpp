@@ -199,7 +199,7 @@ TEST(CudaLayer, DeepSeekV3Routing256Experts) {
 }
 
 // A hidden size of 4096 makes GEMM1 run the shared slices' items in K parts on several blocks at
-// one token (shared_slice_parts_pay; GemmRun::pre_scratch: the router zero-fills their scratch and
+// one token (shared_slice_parts_pay; GemmRun::pre_scratch: the router zero-fills their counts and
 // the routing kernel releases the chain only after it); the layer must equal the reference as
 // before, and at 2 and 17 tokens (no parts) too.
 TEST(CudaLayer, SharedSlicesInKParts) {
@@ -490,6 +490,88 @@ TEST(CudaLayer, RefusesUnsupportedValuesBeforeLaunch) {
     // A 16-byte offset is accepted and computes the layer.
     EXPECT_LT(layer_error(s, w, l, DType::BF16, 1, 5, Path::Fused, 16), layer_tolerance(DType::BF16));
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+}
+
+// Deterministic by default: the same input gives the same output bits on every run, on every path
+// (the decode kernel with its K splits and the shared slices' K parts at one token, the staged and
+// wgmma kernels), with a shared expert and 256 experts of top 8: no float is added by an atomic.
+TEST(CudaLayer, SameBitsEveryRun) {
+  WNA16_REQUIRE_GPU();
+  MoeLayerSpec wide = spec_of("wide-shared", 4096, 128, 16, 4);  // the shared slices' K parts at M=1
+  wide.shared_kind = SharedExpertKind::Plain;
+  wide.shared_inter = 256;
+  MoeLayerSpec v3 = spec_of("dsv3-like", 256, 128, 256, 8);
+  v3.routing.method = RoutingMethod::NoauxTc;
+  v3.routing.n_group = 8;
+  v3.routing.topk_group = 4;
+  v3.shared_kind = SharedExpertKind::Plain;
+  v3.shared_inter = 128;
+  for (const MoeLayerSpec& s : {wide, v3}) {
+    SCOPED_TRACE(s.name);
+    const MoeLayerWeights w = random_layer(s, scheme(Format::GptqV1, 4, 128, true), 3);
+    const CudaMoeLayer layer(s, w);
+    for (int64_t M : {int64_t(1), int64_t(3), int64_t(17), int64_t(118), int64_t(1024)}) {
+      const Inputs in = random_inputs(M, s.hidden, DType::BF16, 77 + uint64_t(M));
+      const size_t wsb = layer.workspace_bytes(M);
+      Dev x(in.x.size() * 2), out(in.x.size() * 2), ws(wsb);
+      cudaMemcpy(x.p, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice);
+      std::vector<uint16_t> first, o(in.x.size());
+      for (int run = 0; run < 12; ++run) {
+        cudaMemset(out.p, 0xFF, in.x.size() * 2);
+        layer.forward(x.p, out.p, M, DType::BF16, ws.p, wsb, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        cudaMemcpy(o.data(), out.p, o.size() * 2, cudaMemcpyDeviceToHost);
+        if (run == 0) first = o;
+        else ASSERT_TRUE(o == first) << "M=" << M << ": run " << run << " differs from run 0";
+      }
+    }
+  }
+}
+
+// Batch-invariant mode: each token's output bits are those of the same token in any other batch
+// (every prefix of one batch against the whole), on the decode-sized and the prefill-sized calls,
+// with 256 experts and a shared expert, a few-expert layer (the router's small kernel), and
+// act-order with distinct gate and up orders (the staged gather); and still within tolerance.
+TEST(CudaLayer, BatchInvariantMode) {
+  WNA16_REQUIRE_GPU();
+  MoeLayerSpec v3 = spec_of("dsv3-like", 256, 128, 256, 8);
+  v3.routing.method = RoutingMethod::NoauxTc;
+  v3.routing.n_group = 8;
+  v3.routing.topk_group = 4;
+  v3.shared_kind = SharedExpertKind::Plain;
+  v3.shared_inter = 128;
+  const MoeLayerSpec few = spec_of("few-experts", 512, 256, 8, 2);
+  struct Case {
+    MoeLayerSpec spec;
+    QuantScheme q;
+  };
+  for (const Case& c : {Case{v3, scheme(Format::GptqV1, 4, 128, true)}, Case{few, scheme(Format::Awq, 4, 64, false)},
+                        Case{few, scheme(Format::GptqV1, 4, 128, true, true)}}) {
+    SCOPED_TRACE(c.spec.name + " " + c.q.describe());
+    const MoeLayerWeights w = random_layer(c.spec, c.q, 4);
+    CudaMoeLayer layer(c.spec, w);
+    layer.set_batch_invariant(true);
+    ASSERT_TRUE(layer.batch_invariant());
+    EXPECT_LT(layer_error(c.spec, w, layer, DType::BF16, 17, 9), layer_tolerance(DType::BF16));
+    const int64_t H = c.spec.hidden, Mmax = 600;
+    const Inputs in = random_inputs(Mmax, H, DType::BF16, 5);
+    const size_t wsb = layer.workspace_bytes(Mmax);
+    Dev x(in.x.size() * 2), out(in.x.size() * 2), ws(wsb);
+    cudaMemcpy(x.p, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice);
+    auto run = [&](int64_t M) {
+      std::vector<uint16_t> o(size_t(M * H));
+      cudaMemset(out.p, 0xFF, o.size() * 2);
+      layer.forward(x.p, out.p, M, DType::BF16, ws.p, wsb, nullptr);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      cudaMemcpy(o.data(), out.p, o.size() * 2, cudaMemcpyDeviceToHost);
+      return o;
+    };
+    const std::vector<uint16_t> all = run(Mmax);
+    for (int64_t M : {int64_t(1), int64_t(3), int64_t(17), int64_t(118), int64_t(300)}) {
+      const std::vector<uint16_t> part = run(M);
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin())) << "M=" << M << " differs from the first rows of M=" << Mmax;
+    }
   }
 }
 

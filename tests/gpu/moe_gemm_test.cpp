@@ -211,9 +211,12 @@ void run_gemm_case(const GemmCase& c) {
   d_x.put(x_dev), d_sorted.put(al.sorted_token_ids), d_eids.put(al.expert_ids), d_tw.put(tw);
   d_ntpp.put(std::vector<int32_t>{al.num_tokens_post_padded});
   const int64_t max_padded = int64_t(al.sorted_token_ids.size());
-  DeviceArray d_inter(size_t(max_padded * I * 2)), d_out(size_t(M * H * 4));
+  // GEMM2's rows (act): one per slot and K split (at most 32 splits), NaN-poisoned: every row of
+  // the splits it ran must be written.
+  const int64_t out_n = 32 * slots * H;
+  DeviceArray d_inter(size_t(max_padded * I * 2)), d_out(size_t(out_n * 2));
   CUDA_OK(cudaMemset(d_inter.p, 0xFF, size_t(max_padded * I * 2)));  // NaN poison
-  CUDA_OK(cudaMemset(d_out.p, 0, size_t(M * H * 4)));
+  CUDA_OK(cudaMemset(d_out.p, 0xFF, size_t(out_n * 2)));
 
   auto dev = [&](const RandomGemm& g, DeviceArray& q, DeviceArray& s, DeviceArray& z) {
     DeviceGemm d;
@@ -270,7 +273,7 @@ void run_gemm_case(const GemmCase& c) {
     const int64_t scr_n = pre_scratch_floats(M, S, g1.pg.NT), cnt_n = pre_count_ints(M, S, g1.pg.NT);
     DeviceArray d_pre_scr(size_t(scr_n) * 4), d_pre_cnt(size_t(cnt_n) * 4);
     if (c.pre_parts) {
-      CUDA_OK(cudaMemset(d_pre_scr.p, 0, size_t(scr_n) * 4));
+      CUDA_OK(cudaMemset(d_pre_scr.p, 0xFF, size_t(scr_n) * 4));  // NaN poison: each part stores its own
       CUDA_OK(cudaMemset(d_pre_cnt.p, 0, size_t(cnt_n) * 4));
       CUDA_OK(cudaDeviceSynchronize());
       r.pre_scratch = static_cast<float*>(d_pre_scr.p);
@@ -301,7 +304,8 @@ void run_gemm_case(const GemmCase& c) {
         units_counted += v == parts;
       }
       EXPECT_GT(units_counted, 0);
-      EXPECT_TRUE(std::any_of(scr.begin(), scr.end(), [](float v) { return v != 0.f; })) << "no partial sums";
+      EXPECT_TRUE(std::any_of(scr.begin(), scr.end(), [](float v) { return std::isfinite(v) && v != 0.f; }))
+          << "no partial sums";
     }
     ASSERT_EQ(d_sorted.get<int32_t>(al.sorted_token_ids.size()), al.sorted_token_ids) << "GPU align";
   } else {
@@ -385,14 +389,25 @@ void run_gemm_case(const GemmCase& c) {
     r.mb_done_target = int(g1.pg.NT / 2);
     r.item_claim = static_cast<int32_t*>(d_handoff.p) + n_counters;
   }
-  launch_moe_gemm(dg2, r, nullptr);
+  const int splits = launch_moe_gemm(dg2, r, nullptr);
+  ASSERT_TRUE(splits >= 1 && splits <= r.splits) << "GEMM2 ran " << splits << " of " << r.splits << " splits";
   CUDA_OK(cudaDeviceSynchronize());
   if (c.handoff) {
     // Every item a block started claimed the block's next one: at least one claim per m-block.
     const int32_t claims = d_handoff.get<int32_t>(size_t(n_counters + 1)).back();
     EXPECT_GE(claims, nmb) << "GEMM2 item claims";
   }
-  const std::vector<float> out = d_out.get<float>(size_t(M * H));
+  // Each token's output: its slots' rows of every split, added in slot and split order (as
+  // launch_slot_sum_out does).
+  const std::vector<uint16_t> rows = d_out.get<uint16_t>(size_t(splits * slots * H));
+  std::vector<float> out(size_t(M * H), 0.f);
+  for (int64_t slot = 0; slot < slots; ++slot)
+    for (int sp = 0; sp < splits; ++sp)
+      for (int64_t n = 0; n < H; ++n) {
+        const float v = float(from_act(c.act, rows[size_t((sp * slots + slot) * H + n)]));
+        ASSERT_TRUE(std::isfinite(v)) << "GEMM2 left row " << slot << " of split " << sp << " unwritten";
+        out[size_t((slot / topk) * H + n)] += v;
+      }
   std::vector<double> ref2(size_t(M * H), 0.0);
   for (int64_t pos = 0; pos < al.num_tokens_post_padded; ++pos) {
     const int32_t slot = al.sorted_token_ids[size_t(pos)];

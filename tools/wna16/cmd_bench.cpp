@@ -63,6 +63,7 @@ const CommandRegistrar reg([](CLI::App& root) {
     o.min_seconds = args->min_seconds;
     o.gemm_config = args->config;
     o.routing = bench::parse_routing(args->routing);
+    o.batch_invariant = c.batch_invariant;
     const bool cuda = c.resolved_device() == Device::Cuda;
     if (!cuda && !o.gemm_config.empty())
       throw Error("bench --config " + o.gemm_config + ": kernel-table rows are the CUDA backend's (use --device cuda)");

@@ -232,6 +232,7 @@ struct RunFlags {
   std::string dir, input, output, device;
   int64_t layer = -1;
   bool check = false;
+  bool batch_invariant = false;
   PlanFlags plan;
 };
 
@@ -273,6 +274,7 @@ int run_run(const RunFlags& f) {
   double fwd_ms = 0;
   if (M > 0) {
     auto layer = f.plan.make(dev, spec, w);
+    layer->set_batch_invariant(f.batch_invariant);
     auto t1 = std::chrono::steady_clock::now();
     layer->forward_host(x16.data(), y16.data(), M, act);
     fwd_ms = ms_since(t1);
@@ -348,6 +350,8 @@ const CommandRegistrar kRegistrar([](CLI::App& root) {
     sub->add_option("--output", f->output, "safetensors file to write hidden_states to (same shape and dtype)")->required();
     sub->add_option("--device", f->device, "cpu or cuda (default: cuda when a GPU is present, else cpu)");
     sub->add_flag("--check", f->check, "compare with the float64 reference; fail if out of tolerance");
+    sub->add_flag("--batch-invariant", f->batch_invariant,
+                  "a token's output bits independent of the other tokens of the input (slower on CUDA)");
     f->plan.add_to(*sub);
     sub->callback([f] { run_run(*f); });
   }

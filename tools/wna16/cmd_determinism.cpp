@@ -46,10 +46,11 @@ void run_determinism(const CommonOptions& o, const DeterminismArgs& a) {
 
   std::printf("wna16 determinism: %s, weights %s, activations %s, device %s, seed %llu\n", spec.name.c_str(),
               scheme.describe().c_str(), dtype_name(act), device_name(dev), static_cast<unsigned long long>(o.seed));
-  if (dev == Device::Cuda) std::printf("  kernel path %s\n", cuda_path_name());
+  if (dev == Device::Cuda) std::printf("  kernel path %s%s\n", cuda_path_name(), o.batch_invariant ? ", batch-invariant mode" : "");
   std::fflush(stdout);
   const MoeLayerWeights w = random_layer(spec, scheme, o.seed);
   const std::unique_ptr<MoeBackendLayer> layer = make_layer(dev, spec, w);
+  layer->set_batch_invariant(o.batch_invariant);
 
   // One batch of Mmax tokens, N(0, 1) in the activation dtype; every M is a prefix of it.
   std::vector<uint16_t> x(static_cast<size_t>(Mmax * H));

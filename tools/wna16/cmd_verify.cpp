@@ -211,6 +211,7 @@ void run_verify(const CommonOptions& o, const PlanFlags& pf) {
   std::string make_error;
   try {
     layer = pf.make(dev, spec, w);
+    layer->set_batch_invariant(o.batch_invariant);
   } catch (const Error& e) {
     make_error = e.what();
   }

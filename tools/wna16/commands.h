@@ -28,6 +28,7 @@ struct CommonOptions {
   std::vector<int64_t> m = {};        // --m LIST (token counts)
   uint64_t seed = 1;                  // --seed S
   bool portable = false;              // --portable (CUDA: the portable kernel path on any GPU)
+  bool batch_invariant = false;       // --batch-invariant (MoeBackendLayer::set_batch_invariant)
 
   // Adds the flags above to a subcommand; default_m is used when --m is not given.
   void add_to(CLI::App& app);

@@ -33,6 +33,9 @@ void CommonOptions::add_to(CLI::App& app) {
   app.add_flag("--portable", portable,
                "CUDA: run the portable kernel path (mma.sync, no clusters or dependent launches; every GPU from "
                "sm_80) even on a Hopper GPU");
+  app.add_flag("--batch-invariant", batch_invariant,
+               "a token's output bits independent of the other tokens of its call (CUDA: one kernel arithmetic at "
+               "every M, slower; the CPU backend always is); bench: timed beside the default mode");
 }
 
 QuantScheme CommonOptions::scheme() const {

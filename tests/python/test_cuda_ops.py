@@ -46,6 +46,21 @@ def test_cuda_moe_matches_float64_reference(layer_of, scheme, dtype, M):  # noqa
     assert err <= wna16.layer_tolerance(dtype), f"{scheme} {dtype} M={M}: rel error {err}"
 
 
+def test_cuda_batch_invariant_mode(layer_of):  # noqa: F811
+    # Each token's output bits those of the same token in a larger batch, router included.
+    L = layer_of("gptq_sym")
+    W = cuda_weights(L, "gptq_sym")
+    W.set_batch_invariant(True)
+    try:
+        x = activations(300, L.H, torch.bfloat16, seed=6).cuda()
+        y = wna16.moe_layer(x, W)
+        for M in (1, 3, 17, 118):
+            assert torch.equal(wna16.moe_layer(x[:M], W), y[:M]), f"M={M}"
+        assert torch.equal(wna16.moe_layer(x, W), y)  # and run to run
+    finally:
+        W.set_batch_invariant(False)
+
+
 def test_cuda_moe_layer_routes_itself(layer_of):  # noqa: F811
     L = layer_of("gptq_sym")
     W = cuda_weights(L, "gptq_sym")

@@ -166,6 +166,23 @@ def test_weights_object(layer_of):
         pickle.dumps(w)
 
 
+def test_batch_invariant_mode(layer_of):
+    # Each token's output bits independent of the rest of its batch (the CPU backend always is).
+    L = layer_of("gptq_sym")
+    w = L.weights
+    assert w.batch_invariant() is False
+    w.set_batch_invariant(True)
+    try:
+        assert w.batch_invariant() is True
+        x = activations(33, L.H, torch.bfloat16, seed=4)
+        ids, wts = routing(33, len(L.experts), 2, seed=4)
+        y = wna16.moe(x, ids, wts, w)
+        for M in (1, 5, 17):
+            assert torch.equal(wna16.moe(x[:M], ids[:M], wts[:M], w), y[:M]), f"M={M}"
+    finally:
+        w.set_batch_invariant(False)
+
+
 # ---- bad input raises, naming the value ------------------------------------------------------------
 
 def test_bad_activations_and_routing_raise(layer_of):

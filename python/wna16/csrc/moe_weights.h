@@ -24,6 +24,7 @@ struct MoeWeights : torch::CustomClassHolder {
   Device device = Device::Cpu;
   bool has_router = true;  // false: packed without a router; moe_layer (which routes) refuses it
   std::string scheme;      // e.g. "gptq 4-bit g128 sym", for describe()
+  bool batch_invariant = false;  // set_batch_invariant (the CPU backend always is)
   std::unique_ptr<MoeBackendLayer> layer;  // the CPU backend (device cpu)
 #ifdef WNA16_TORCH_CUDA
   // device cuda: the layer's device entry points (torch's stream, a caching-allocator workspace),

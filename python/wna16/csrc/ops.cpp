@@ -374,6 +374,17 @@ TORCH_LIBRARY(wna16, m) {
       .def("top_k", [](const MoeWeightsPtr& self) { return int64_t(self->spec.routing.top_k); })
       .def("has_router", [](const MoeWeightsPtr& self) { return self->has_router; })
       .def("device", [](const MoeWeightsPtr& self) { return std::string(device_name(self->device)); })
+      // Batch invariance (CudaMoeLayer::set_batch_invariant): each token's output bits independent of
+      // the other tokens of the call, for every op on these weights from then on. The CPU backend
+      // always is; on CUDA it costs speed (docs/perf.md). Every call is run-to-run deterministic.
+      .def("set_batch_invariant",
+           [](const MoeWeightsPtr& self, bool on) {
+             self->batch_invariant = on;
+#ifdef WNA16_TORCH_CUDA
+             if (self->cuda_layer) self->cuda_layer->set_batch_invariant(on);
+#endif
+           })
+      .def("batch_invariant", [](const MoeWeightsPtr& self) { return self->batch_invariant; })
       // torch.compile: Dynamo guards a traced graph on the object's flattened state and traces the
       // ops with a fake object built from it (python/wna16/_fake.py: FakeMoeWeights).
       .def("__obj_flatten__",

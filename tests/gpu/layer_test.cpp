@@ -84,6 +84,26 @@ MoeLayerSpec spec_of(const std::string& name, int64_t H, int64_t I, int E, int k
   return s;
 }
 
+// DeepSeek-V3's routing on a small layer: 256 experts, top 8 in 4 of 8 groups, a shared expert.
+MoeLayerSpec dsv3_like() {
+  MoeLayerSpec s = spec_of("dsv3-like", 256, 128, 256, 8);
+  s.routing.method = RoutingMethod::NoauxTc;
+  s.routing.n_group = 8;
+  s.routing.topk_group = 4;
+  s.routing.routed_scaling_factor = 2.5;
+  s.shared_kind = SharedExpertKind::Plain;
+  s.shared_inter = 128;
+  return s;
+}
+// A wide layer (K * bits >= 16384) with a shared expert: its shared slices run ahead of the
+// routing chain (in K parts at one token without act-order).
+MoeLayerSpec wide_shared() {
+  MoeLayerSpec s = spec_of("wide-shared", 4096, 128, 16, 4);
+  s.shared_kind = SharedExpertKind::Plain;
+  s.shared_inter = 256;
+  return s;
+}
+
 using test::error_of;
 using test::scheme;
 
@@ -179,21 +199,12 @@ TEST(CudaLayer, ActOrderGatheredPerSlot) {
   check(q, scheme(Format::GptqV1, 4, 128, false, true), DType::F16, {1, 3}, 15);
   // A wide layer (K * bits >= 16384) with a shared expert: up to 16 tokens its shared slices'
   // rows are gathered before the routing and run ahead of the wait; 17 tokens take the usual order.
-  MoeLayerSpec wide = spec_of("wide-shared", 4096, 128, 16, 4);
-  wide.shared_kind = SharedExpertKind::Plain;
-  wide.shared_inter = 256;
-  check(wide, scheme(Format::GptqV1, 4, 128, true, true), DType::BF16, {1, 3, 16, 17}, 16);
+  check(wide_shared(), scheme(Format::GptqV1, 4, 128, true, true), DType::BF16, {1, 3, 16, 17}, 16);
 }
 
 TEST(CudaLayer, DeepSeekV3Routing256Experts) {
   WNA16_REQUIRE_GPU();
-  MoeLayerSpec s = spec_of("dsv3-like", 256, 128, 256, 8);
-  s.routing.method = RoutingMethod::NoauxTc;
-  s.routing.n_group = 8;
-  s.routing.topk_group = 4;
-  s.routing.routed_scaling_factor = 2.5;
-  s.shared_kind = SharedExpertKind::Plain;
-  s.shared_inter = 128;
+  const MoeLayerSpec s = dsv3_like();
   check_layer(s, scheme(Format::GptqV1, 4, 128, true), DType::BF16, {1, 3, 17, 118});
   check_layer(s, scheme(Format::Awq, 4, 64, false), DType::F16, {17});
 }
@@ -498,16 +509,7 @@ TEST(CudaLayer, RefusesUnsupportedValuesBeforeLaunch) {
 // wgmma kernels), with a shared expert and 256 experts of top 8: no float is added by an atomic.
 TEST(CudaLayer, SameBitsEveryRun) {
   WNA16_REQUIRE_GPU();
-  MoeLayerSpec wide = spec_of("wide-shared", 4096, 128, 16, 4);  // the shared slices' K parts at M=1
-  wide.shared_kind = SharedExpertKind::Plain;
-  wide.shared_inter = 256;
-  MoeLayerSpec v3 = spec_of("dsv3-like", 256, 128, 256, 8);
-  v3.routing.method = RoutingMethod::NoauxTc;
-  v3.routing.n_group = 8;
-  v3.routing.topk_group = 4;
-  v3.shared_kind = SharedExpertKind::Plain;
-  v3.shared_inter = 128;
-  for (const MoeLayerSpec& s : {wide, v3}) {
+  for (const MoeLayerSpec& s : {wide_shared(), dsv3_like()}) {
     SCOPED_TRACE(s.name);
     const MoeLayerWeights w = random_layer(s, scheme(Format::GptqV1, 4, 128, true), 3);
     const CudaMoeLayer layer(s, w);
@@ -535,12 +537,7 @@ TEST(CudaLayer, SameBitsEveryRun) {
 // act-order with distinct gate and up orders (the staged gather); and still within tolerance.
 TEST(CudaLayer, BatchInvariantMode) {
   WNA16_REQUIRE_GPU();
-  MoeLayerSpec v3 = spec_of("dsv3-like", 256, 128, 256, 8);
-  v3.routing.method = RoutingMethod::NoauxTc;
-  v3.routing.n_group = 8;
-  v3.routing.topk_group = 4;
-  v3.shared_kind = SharedExpertKind::Plain;
-  v3.shared_inter = 128;
+  const MoeLayerSpec v3 = dsv3_like();
   const MoeLayerSpec few = spec_of("few-experts", 512, 256, 8, 2);
   struct Case {
     MoeLayerSpec spec;

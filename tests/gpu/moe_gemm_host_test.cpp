@@ -210,6 +210,22 @@ TEST(MoeGemm, HandoffSlotsHoldEveryPair) {
   EXPECT_THROW(handoff_pairs_per_slot(0), Error);
 }
 
+// GEMM2's per-slot rows (gemm2_part_rows): at least one per slot, room for 32 K splits at a few
+// tokens, and never fewer for more tokens, so a workspace sized for max_m tokens holds every
+// smaller call's rows. Host only.
+TEST(MoeGemm, Gemm2PartRowsGrowWithM) {
+  for (int64_t k2 : {1, 2, 9}) {
+    int64_t prev = 0;
+    for (int64_t M = 0; M <= 4096; ++M) {
+      const int64_t rows = gemm2_part_rows(M, k2);
+      EXPECT_GE(rows, M * k2) << "M=" << M << " k2=" << k2;
+      EXPECT_GE(rows, prev) << "M=" << M << " k2=" << k2 << ": fewer rows than for M-1";
+      if (M >= 1 && M <= 8) EXPECT_GE(rows, 32 * M * k2) << "M=" << M << ": no room for 32 splits";
+      prev = rows;
+    }
+  }
+}
+
 // Where the layer runs GEMM1's shared-slice items in K parts (shared_slice_parts_pay): one token,
 // int4 with groups of 64-256, K * bits >= 16384. DeepSeek-V3 (K=7168) yes; Qwen1.5-MoE (K=2048)
 // no; never at 4 tokens, int8, groups of 32 or per channel, or act-order. Host only.

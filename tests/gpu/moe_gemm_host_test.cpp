@@ -220,7 +220,9 @@ TEST(MoeGemm, Gemm2PartRowsGrowWithM) {
       const int64_t rows = gemm2_part_rows(M, k2);
       EXPECT_GE(rows, M * k2) << "M=" << M << " k2=" << k2;
       EXPECT_GE(rows, prev) << "M=" << M << " k2=" << k2 << ": fewer rows than for M-1";
-      if (M >= 1 && M <= 8) EXPECT_GE(rows, 32 * M * k2) << "M=" << M << ": no room for 32 splits";
+      if (M >= 1 && M <= 8) {
+        EXPECT_GE(rows, 32 * M * k2) << "M=" << M << ": no room for 32 splits";
+      }
       prev = rows;
     }
   }

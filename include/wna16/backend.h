@@ -35,6 +35,10 @@ class MoeBackendLayer {
   // x: host [M, H] of `dtype` (F16 or BF16; F32 is accepted and rounded to BF16 by the CPU
   // backend), out: host [M, H] of the same dtype. Synchronous convenience path.
   virtual void forward_host(const void* x, void* out, int64_t M, DType dtype) = 0;
+  // Batch invariance (CudaMoeLayer::set_batch_invariant): a token's output bits independent of the
+  // other tokens of its call. The CPU backend always is (its order of additions per token never
+  // depends on M): there it changes nothing.
+  virtual void set_batch_invariant(bool) {}
   // The layer without its router, for callers that route themselves (an inference engine):
   // out[m] = sum_j topk_weights[m, j] * expert_{topk_ids[m, j]}(x[m]) (+ the shared expert, as in
   // forward_host). topk_ids / topk_weights: host [M, top_k], 1 <= top_k <= E (not necessarily the
@@ -42,10 +46,6 @@ class MoeBackendLayer {
   // The CPU backend implements it; the default throws Error naming the device. Inline on purpose:
   // every virtual of this class is inline or pure, so backends in other libraries (wna16_cuda)
   // need nothing from the dispatch library (which links them) to link.
-  // Batch invariance (CudaMoeLayer::set_batch_invariant): a token's output bits independent of the
-  // other tokens of its call. The CPU backend always is (its order of additions per token never
-  // depends on M): there it changes nothing.
-  virtual void set_batch_invariant(bool) {}
   virtual void forward_routed_host(const void*, const int32_t*, const float*, int, void*, int64_t, DType) {
     throw Error(std::string("forward_routed_host (caller-owned routing) is not implemented by the ") +
                 (device() == Device::Cpu ? "cpu" : "cuda") + " backend yet");

@@ -90,7 +90,6 @@ MoeLayerSpec dsv3_like() {
   s.routing.method = RoutingMethod::NoauxTc;
   s.routing.n_group = 8;
   s.routing.topk_group = 4;
-  s.routing.routed_scaling_factor = 2.5;
   s.shared_kind = SharedExpertKind::Plain;
   s.shared_inter = 128;
   return s;
@@ -204,7 +203,8 @@ TEST(CudaLayer, ActOrderGatheredPerSlot) {
 
 TEST(CudaLayer, DeepSeekV3Routing256Experts) {
   WNA16_REQUIRE_GPU();
-  const MoeLayerSpec s = dsv3_like();
+  MoeLayerSpec s = dsv3_like();
+  s.routing.routed_scaling_factor = 2.5;
   check_layer(s, scheme(Format::GptqV1, 4, 128, true), DType::BF16, {1, 3, 17, 118});
   check_layer(s, scheme(Format::Awq, 4, 64, false), DType::F16, {17});
 }

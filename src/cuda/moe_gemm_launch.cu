@@ -212,7 +212,7 @@ int launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
         kp.pre_kc = int((kc + group - 1) / group * group);
         kp.pre_parts = int((kp.KC + kp.pre_kc - 1) / kp.pre_kc);
         kp.pre_scratch = r.pre_scratch;
-        kp.pre_part_stride = pre_wait_mblocks(r) * gemm::kDecodeBM * kp.NT * 16;  // pre_part_floats
+        kp.pre_part_stride = pre_part_floats(r.num_slots / r.topk, r.pre_wait_slices, kp.NT);
         kp.pre_count = r.pre_count;
       }
     }

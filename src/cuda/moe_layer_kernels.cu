@@ -711,6 +711,14 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
     const R* rw = static_cast<const R*>(router);
     const bool mma_ok = E_ext >= 32 && H % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(router) % 16 == 0 && (M + kMmaTM - 1) / kMmaTM <= 65535;
+    // The small kernel: (expert, 8 tokens) blocks; vec: 8-byte x loads.
+    auto launch_small = [&](bool vec) {
+      const dim3 grid(unsigned(E_ext), unsigned((M + kSmallM - 1) / kSmallM));
+      auto kern = vec ? router_small_kernel<T, R, true> : router_small_kernel<T, R, false>;
+      kern<<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), rw, E, E_ext, logits, gate_logit,
+                                          reinterpret_cast<float4*>(zero), zero_n / 4);
+      WNA16_CUDA_CHECK(cudaGetLastError());
+    };
     if (batch_invariant) {  // the same kernel and split at every M (the layer's x is 16-byte aligned)
       if (mma_ok) {
         launch_router_split_h(router_mma_kernel<T, R>, kMmaTE, kMmaTM, kMmaTK, kMmaThreads, xt, M, H, rw, E, E_ext,
@@ -719,11 +727,7 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
       }
       if ((M + kSmallM - 1) / kSmallM > 65535)
         throw Error("router: M=" + std::to_string(M) + " exceeds the batch-invariant router's grid");
-      const dim3 grid(unsigned(E_ext), unsigned((M + kSmallM - 1) / kSmallM));
-      router_small_kernel<T, R, false><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), rw, E, E_ext, logits,
-                                                                      gate_logit, reinterpret_cast<float4*>(zero),
-                                                                      zero_n / 4);
-      WNA16_CUDA_CHECK(cudaGetLastError());
+      launch_small(false);
       return;
     }
     // The split kernel spreads H over a cluster of CTAs: the Hopper path only.
@@ -762,15 +766,7 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
     // tiles hold 256 tokens each: Mixtral M=256 took 807 us on one CTA (H200, forced portable,
     // ncu). The small kernel's (expert, 8 tokens) blocks spread any M over the SMs instead.
     if (M <= kSmallMaxM || (portable_path() && E_ext < 32 && (M + kSmallM - 1) / kSmallM <= 65535)) {
-      const dim3 grid(unsigned(E_ext), unsigned((M + kSmallM - 1) / kSmallM));
-      if (reinterpret_cast<uintptr_t>(x) % 8 == 0)
-        router_small_kernel<T, R, true><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), rw, E, E_ext, logits,
-                                                                       gate_logit, reinterpret_cast<float4*>(zero),
-                                                                       zero_n / 4);
-      else
-        router_small_kernel<T, R, false><<<grid, kSmallThreads, 0, s>>>(xt, int(M), int(H), rw, E, E_ext, logits,
-                                                                        gate_logit, reinterpret_cast<float4*>(zero),
-                                                                        zero_n / 4);
+      launch_small(reinterpret_cast<uintptr_t>(x) % 8 == 0);
     } else {
       launch_router_tiled<T, R>(xt, M, H, rw, E, E_ext, logits, gate_logit, zero, zero_n, s);
     }

@@ -762,10 +762,12 @@ void launch_router_logits(const void* x, DType act, int64_t M, int64_t H, const 
                             gate_logit, zero, zero_n, s);
       return;
     }
-    // Without clusters (the portable path) nothing splits H, and the tiled kernel's few-expert
-    // tiles hold 256 tokens each: Mixtral M=256 took 807 us on one CTA (H200, forced portable,
-    // ncu). The small kernel's (expert, 8 tokens) blocks spread any M over the SMs instead.
-    if (M <= kSmallMaxM || (portable_path() && E_ext < 32 && (M + kSmallM - 1) / kSmallM <= 65535)) {
+    // Few experts: the tiled kernel's tiles hold 256 tokens each (Mixtral M=256 took 807 us on one
+    // CTA without clusters, and 105 us at M=256 and 1024 with its H split; H200, ncu). The small
+    // kernel's (expert, 8 tokens) blocks spread any M over the SMs instead: the batch-invariant
+    // mode, whose GEMMs are the default's there, ran Mixtral M=256 / 1024 3-6% faster with it
+    // (2026-12-03, H200, 7b78467's sources).
+    if (M <= kSmallMaxM || (E_ext < 32 && (M + kSmallM - 1) / kSmallM <= 65535)) {
       launch_small(reinterpret_cast<uintptr_t>(x) % 8 == 0);
     } else {
       launch_router_tiled<T, R>(xt, M, H, rw, E, E_ext, logits, gate_logit, zero, zero_n, s);

@@ -47,6 +47,9 @@ void force_gemm_config(int config);
 // portable path on a Hopper GPU too (`wna16 bench / verify --portable`: the H200 tests it). Set it
 // before building layers, not during their calls.
 bool portable_path();
+// Whether this GPU and build can run the Hopper path at all (compute capability 9.0 and the sm_90a
+// image), whatever force_portable_path says: the tests that launch the wgmma rows directly ask it.
+bool hopper_path_available();
 void force_portable_path(bool on);
 const char* gpu_path_name();  // "hopper" or "portable"
 // The current device's compute capability as 10 * major + minor; a GPU below 8.0 is refused by the

@@ -134,6 +134,10 @@ bool portable_path() { return g_forced_portable || !hopper_path_available(); }
 void force_portable_path(bool on) { g_forced_portable = on; }
 const char* gpu_path_name() { return portable_path() ? "portable" : "hopper"; }
 int device_compute_capability() { return gemm::device_info().cc; }
+std::string unsupported_gpu_message(int cc) {
+  return "the CUDA backend needs a GPU of compute capability 8.0 or newer; this one has " + std::to_string(cc / 10) +
+         "." + std::to_string(cc % 10);
+}
 
 // ---- the layer call ----------------------------------------------------------------------------
 bool layer_gathers(const LayerShape& s, int64_t M) {

@@ -5,6 +5,7 @@
 // rest). No CUDA types here, so g++-compiled code (the layer, the tests) can include it.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "cuda/moe_gemm.h"
 #include "wna16/half.h"
@@ -55,6 +56,9 @@ const char* gpu_path_name();  // "hopper" or "portable"
 // The current device's compute capability as 10 * major + minor; a GPU below 8.0 is refused by the
 // CUDA layer with a message naming it.
 int device_compute_capability();
+// The refusal of a GPU below sm_80 (compute capability cc, 10 * major + minor), one wording for
+// the layer's constructor and the GEMM preparation.
+std::string unsupported_gpu_message(int cc);
 
 // ---- the layer call ----------------------------------------------------------------------------
 // What the layer knows of itself at build time.

@@ -650,6 +650,7 @@ int run(const BenchOptions& opts) {
   rep.date = ::wna16::bench::utc_now();
   rep.commit = ::wna16::bench::git_commit();
   rep.switches = ab_switches();
+  auto add_switch = [&](const std::string& sw) { rep.switches = (rep.switches == "none" ? "" : rep.switches + " ") + sw; };
   // --config: one kernel-table row for every call (a measurement of that row, not the product).
   int forced = -1;
   if (!opts.gemm_config.empty()) {
@@ -659,11 +660,11 @@ int run(const BenchOptions& opts) {
       names += std::string(names.empty() ? "" : ", ") + cuda::gemm_config_name(c);
     }
     if (forced < 0) throw Error("bench --config " + opts.gemm_config + ": no such kernel-table row (" + names + ")");
-    rep.switches = (rep.switches == "none" ? std::string() : rep.switches + " ") + "--config " + opts.gemm_config;
+    add_switch("--config " + opts.gemm_config);
   }
   cuda::force_gemm_config(forced);
   // The kernel path (--portable forces the portable one before this; else the GPU decides).
-  if (cuda::portable_path()) rep.switches = (rep.switches == "none" ? std::string() : rep.switches + " ") + "path portable";
+  if (cuda::portable_path()) add_switch("path portable");
   rep.scheme = opts.scheme.describe();
   rep.act = dtype_name(opts.act);
   rep.routing = opts.routing.name();

@@ -122,9 +122,7 @@ const char* cuda_path_name() { return cuda_available() ? cuda::gpu_path_name() :
 std::unique_ptr<MoeBackendLayer> make_cuda_layer(const MoeLayerSpec& spec, const MoeLayerWeights& w) {
   const int cc = current_gpu_cc();
   if (cc == 0) throw Error("no CUDA GPU is present (cudaGetDeviceCount found none); use --device cpu");
-  if (cc < 80)
-    throw Error("the CUDA backend needs a GPU of compute capability 8.0 or newer; this one has " + std::to_string(cc / 10) +
-                "." + std::to_string(cc % 10) + "; use --device cpu");
+  if (cc < 80) throw Error(cuda::unsupported_gpu_message(cc) + "; use --device cpu");
   return std::make_unique<cuda::CudaBackendLayer>(spec, w);
 }
 

@@ -122,18 +122,22 @@ void force_gemm_config(int config) {
   g_forced_config = config;
 }
 
-bool portable_path() {
-  if (g_forced_portable) return true;
-  static const bool portable = [] {
+bool hopper_path_available() {
+  static const bool available = [] {
     // The wgmma kernel's image (sm_90a) decides with the compute capability: a build for sm_80
     // only runs the portable kernels on a Hopper GPU as well.
-    return device_compute_capability() < 90 || !gemm::prefill_has_wgmma();
+    return device_compute_capability() >= 90 && gemm::prefill_has_wgmma();
   }();
-  return portable;
+  return available;
 }
+bool portable_path() { return g_forced_portable || !hopper_path_available(); }
 void force_portable_path(bool on) { g_forced_portable = on; }
 const char* gpu_path_name() { return portable_path() ? "portable" : "hopper"; }
 int device_compute_capability() { return gemm::device_info().cc; }
+std::string unsupported_gpu_message(int cc) {
+  return "the CUDA backend needs a GPU of compute capability 8.0 or newer; this one has " + std::to_string(cc / 10) +
+         "." + std::to_string(cc % 10);
+}
 
 // ---- the layer call ----------------------------------------------------------------------------
 bool layer_gathers(const LayerShape& s, int64_t M) {

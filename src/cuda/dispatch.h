@@ -5,6 +5,7 @@
 // rest). No CUDA types here, so g++-compiled code (the layer, the tests) can include it.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "cuda/moe_gemm.h"
 #include "wna16/half.h"
@@ -47,11 +48,17 @@ void force_gemm_config(int config);
 // portable path on a Hopper GPU too (`wna16 bench / verify --portable`: the H200 tests it). Set it
 // before building layers, not during their calls.
 bool portable_path();
+// Whether this GPU and build can run the Hopper path at all (compute capability 9.0 and the sm_90a
+// image), whatever force_portable_path says: the tests that launch the wgmma rows directly ask it.
+bool hopper_path_available();
 void force_portable_path(bool on);
 const char* gpu_path_name();  // "hopper" or "portable"
 // The current device's compute capability as 10 * major + minor; a GPU below 8.0 is refused by the
 // CUDA layer with a message naming it.
 int device_compute_capability();
+// The refusal of a GPU below sm_80 (compute capability cc, 10 * major + minor), one wording for
+// the layer's constructor and the GEMM preparation.
+std::string unsupported_gpu_message(int cc);
 
 // ---- the layer call ----------------------------------------------------------------------------
 // What the layer knows of itself at build time.

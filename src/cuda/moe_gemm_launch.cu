@@ -230,9 +230,7 @@ int launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
 void prepare_moe_gemm(int bits) {
   if (bits != 4 && bits != 8) throw Error("bits=" + std::to_string(bits) + " is not supported (4 or 8)");
   const int cc = device_compute_capability();
-  if (cc < 80)
-    throw Error("the CUDA backend needs a GPU of compute capability 8.0 or newer; this one has " + std::to_string(cc / 10) +
-                "." + std::to_string(cc % 10));
+  if (cc < 80) throw Error(unsupported_gpu_message(cc));
   // The path is decided here, at layer construction, never inside a stream capture (its first
   // answer reads a device symbol).
   const bool portable = portable_path();

@@ -531,17 +531,16 @@ const AlignDeviceInfo& align_device_info(int device) {
       }
     const size_t limit = size_t(optin) > max_static ? std::min(kAlignMaxDynamicSmem, size_t(optin) - max_static) : 0;
     info.max_dynamic_smem = limit;
+    for (const Variant& v : variants)
+      for (AlignKernel k : v.kernels)
+        WNA16_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit)));
     if (portable_path()) {  // one CTA per launch, no cluster attributes (below sm_90 there are none)
-      for (const Variant& v : variants)
-        for (AlignKernel k : v.kernels)
-          WNA16_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit)));
       info.max_cluster = 1;
       return;
     }
     int best = kAlignMaxCluster;
     for (const Variant& v : variants)
       for (AlignKernel k : v.kernels) {
-        WNA16_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit)));
         WNA16_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
         int fits = 0;
         for (int c = best; c >= 1 && fits == 0; c /= 2) {
@@ -564,7 +563,6 @@ const AlignDeviceInfo& align_device_info(int device) {
       }
     WNA16_CUDA_CHECK(cudaFuncSetAttribute(align_shaped_noop_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     info.max_cluster = best;
-    info.max_dynamic_smem = limit;
   });
   return info;
 }

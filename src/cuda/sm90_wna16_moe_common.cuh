@@ -281,15 +281,10 @@ __device__ __forceinline__ void dequant(const uint32_t* wv, int j, const TileMet
     const uint32_t w = wv[j];
     constexpr uint32_t kMask = 0x000f000fu, kMagic2 = A::kMagic * 0x10001u;
     // (x & mask) | magic in one lop3: nibbles i and i+4 land in the two halves of register i.
-    auto fma2 = [](uint32_t x, uint32_t y, uint32_t z) {
-      uint32_t r;
-      asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(x), "r"(y), "r"(z));
-      return r;
-    };
-    a[0] = fma2(lop3<0xEA>(w, kMask, kMagic2), m.s_lo, m.z_lo);
-    a[1] = fma2(lop3<0xEA>(w >> 4, kMask, kMagic2), m.s_hi, m.z_hi);
-    a[2] = fma2(lop3<0xEA>(w >> 8, kMask, kMagic2), m.s_lo, m.z_lo);
-    a[3] = fma2(lop3<0xEA>(w >> 12, kMask, kMagic2), m.s_hi, m.z_hi);
+    a[0] = A::mul2(A::sub2(lop3<0xEA>(w, kMask, kMagic2), m.z_lo), m.s_lo);
+    a[1] = A::mul2(A::sub2(lop3<0xEA>(w >> 4, kMask, kMagic2), m.z_hi), m.s_hi);
+    a[2] = A::mul2(A::sub2(lop3<0xEA>(w >> 8, kMask, kMagic2), m.z_lo), m.s_lo);
+    a[3] = A::mul2(A::sub2(lop3<0xEA>(w >> 12, kMask, kMagic2), m.z_hi), m.s_hi);
   } else if constexpr (std::is_same_v<T, __half>) {
     const uint32_t w0 = wv[2 * j], w1 = wv[2 * j + 1];
     // prmt builds {0x64, q_b, 0x64, q_a}: two f16 values 1024 + q.

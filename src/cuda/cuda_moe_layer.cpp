@@ -534,6 +534,12 @@ void CudaMoeLayer::forward_per_expert_loop(const void* x, void* out, int64_t M, 
   WNA16_CUDA_CHECK(cudaMemcpyAsync(&ntpp, c.ws + L.ntpp, 4, cudaMemcpyDeviceToHost, c.st));
   WNA16_CUDA_CHECK(cudaMemcpyAsync(eids.data(), c.ws + L.eids, eids.size() * 4, cudaMemcpyDeviceToHost, c.st));
   WNA16_CUDA_CHECK(cudaStreamSynchronize(c.st));
+  // Device-written counts index host arrays below: checked first (an align step that did not run,
+  // e.g. under WNA16_DIAG_STAGES, leaves whatever the workspace held).
+  if (ntpp < 0 || ntpp % bm != 0 || ntpp / bm > L.max_blocks)
+    throw Error(fmt::format("per-expert loop: the align step's padded token count {} is not a multiple of {} "
+                            "within {} blocks (did the align step run?)",
+                            ntpp, bm, L.max_blocks));
   GemmRun r = d.align_driven_run(act, plan.config, M, c.ws, L);
   std::vector<std::pair<int64_t, int64_t>> runs;  // (first block, block count) per expert
   const int64_t nblocks = ntpp / bm;

@@ -115,9 +115,11 @@ struct CfgM32W : CfgM64W {
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// 16 bytes global->shared; src_bytes = 0 zero-fills (padding rows).
+// 16 bytes global->shared; src_bytes = 0 zero-fills (padding rows). Cached in L1 (.ca): the
+// decode kernel's warps of one block copy the same m-block's activations, and L2 was its busiest
+// unit (82% at DeepSeek-V3 M=256, ncu 2026-12-03); the weights bypass L1 (ld_stream16).
 __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {

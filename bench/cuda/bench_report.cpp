@@ -165,8 +165,72 @@ void print_table(const Report& r) {
                 r.align.block_m, r.align.us, r.align.source.c_str());
 }
 
+namespace {
+
+// The layer-time targets of the serving-regime and decode work (docs/perf.md section 1), us per
+// layer call for int4 GPTQ g128 sym, bf16, uniform routing: "must" is the bar, "aim" the roofline
+// direction (the tables of the serving-regime and decode work items).
+struct TimeTarget {
+  const char* group;
+  const char* preset;
+  int64_t M;
+  double must_us, aim_us;
+};
+constexpr TimeTarget kTimeTargets[] = {
+    {"serving", "deepseek-v3", 256, 1800, 1500},      {"serving", "deepseek-v3", 1024, 2500, 1700},
+    {"serving", "deepseek-v3", 4096, 8000, 5500},     {"serving", "deepseek-v3", 8192, 14000, 10000},
+    {"serving", "mixtral-8x7b", 64, 300, 200},        {"serving", "mixtral-8x7b", 256, 650, 400},
+    {"serving", "mixtral-8x7b", 1024, 1700, 1100},    {"serving", "mixtral-8x7b", 4096, 4700, 4000},
+    {"serving", "qwen3-30b-a3b", 256, 150, 100},      {"serving", "qwen3-30b-a3b", 1024, 360, 220},
+    {"serving", "qwen3-30b-a3b", 4096, 900, 600},     {"serving", "qwen1.5-moe-a2.7b", 256, 190, 120},
+    {"serving", "deepseek-v2-lite", 256, 185, 120},   {"decode", "deepseek-v3", 1, 55, 50},
+    {"decode", "deepseek-v3", 16, 530, 500},          {"decode", "mixtral-8x7b", 1, 48, 44},
+    {"decode", "mixtral-8x7b", 4, 135, 125},          {"decode", "mixtral-8x7b", 16, 195, 180},
+    {"decode", "qwen3-30b-a3b", 1, 11, 8},            {"decode", "qwen3-30b-a3b", 16, 55, 48},
+    {"decode", "qwen1.5-moe-a2.7b", 1, 13, 10},       {"decode", "deepseek-v2-lite", 1, 13, 10},
+};
+// The serving-regime bar against cuBLAS bf16 on dequantised weights, at these token counts.
+constexpr double kMinXCublas = 0.9, kAimXCublas = 1.0;
+constexpr int64_t kXCublasMs[] = {64, 256, 1024, 4096, 8192};
+
+}  // namespace
+
+int print_targets(const Report& r) {
+  const bool scheme_ok = r.scheme == "gptq 4-bit g128 sym" && r.act == "bf16" && r.routing == "uniform";
+  std::printf("\nLayer-time targets (int4 GPTQ g128 sym, bf16, uniform routing; us per layer call):\n");
+  if (!scheme_ok) {
+    std::printf("  not applicable to this run (%s, %s, routing %s)\n", r.scheme.c_str(), r.act.c_str(), r.routing.c_str());
+    return 0;
+  }
+  int missed = 0, shown = 0;
+  for (const TimeTarget& t : kTimeTargets) {
+    const CaseResult* c = find_case(r, t.preset, t.M);
+    if (!c || !finite(c->ours.median_us)) continue;
+    ++shown;
+    const double us = c->ours.median_us;
+    const bool ok = us <= t.must_us;
+    missed += !ok;
+    std::printf("  %-8s %-18s M=%-5lld %9.1f us   must %6.0f  aim %6.0f   %s%s\n", t.group, t.preset,
+                static_cast<long long>(t.M), us, t.must_us, t.aim_us, ok ? "PASS" : "FAIL",
+                us <= t.aim_us ? " (aim met)" : "");
+  }
+  for (const CaseResult& c : r.cases) {
+    if (std::find(std::begin(kXCublasMs), std::end(kXCublasMs), c.M) == std::end(kXCublasMs)) continue;
+    const Derived d = derive(c, r.ceil);
+    if (!finite(d.x_cublas)) continue;
+    ++shown;
+    const bool ok = d.x_cublas >= kMinXCublas;
+    missed += !ok;
+    std::printf("  x cuBLAS %-18s M=%-5lld %9.2f x    must %6.2f  aim %6.2f   %s%s\n", c.preset.c_str(),
+                static_cast<long long>(c.M), d.x_cublas, kMinXCublas, kAimXCublas, ok ? "PASS" : "FAIL",
+                d.x_cublas >= kAimXCublas ? " (aim met)" : "");
+  }
+  if (shown == 0) std::printf("  none of the target rows was measured in this run\n");
+  return missed;
+}
+
 int print_summary(const Report& r) {
-  int below = 0;
+  int below = print_targets(r);
   std::printf("\nFloors of the CUDA issue (defined for int4 g128 bf16; this run: %s, %s):\n", r.scheme.c_str(),
               r.act.c_str());
   for (const char* p : {"deepseek-v3", "mixtral-8x7b"})

@@ -95,7 +95,12 @@ double floor_us(const CaseResult& c, const Ceilings& ceil);
 ::wna16::bench::PlotInput plot_input(const Report& r);
 
 void print_table(const Report& r);
-// Returns the number of floors below target (informational; correctness decides the exit code).
+// The layer-time targets (serving regime and decode: must and aim, us) and the x cuBLAS bar of
+// the serving regime, for the cases the run measured, with PASS / FAIL; only for the targets'
+// scheme (int4 GPTQ g128 sym, bf16, uniform routing). Returns the rows that miss their must.
+int print_targets(const Report& r);
+// print_targets, then the floors of the CUDA issue and the correctness verdict. Returns the rows
+// below their bar (informational; correctness decides the exit code).
 int print_summary(const Report& r);
 void write_json(const Report& r, const std::string& path);  // throws Error when the file can't be written
 void write_csv(const Report& r, const std::string& path);

@@ -8,23 +8,12 @@
 #include <string>
 
 #include "bench/cuda/bench_report.h"
+#include "bench/report_cases.h"
 
 namespace {
 
 using namespace wna16::cuda::bench;
-
-CaseResult make_case(const std::string& preset, int64_t M, double bytes, double flops, double ours, double loop,
-                     double cublas) {
-  CaseResult c;
-  c.preset = preset;
-  c.M = M;
-  c.bytes = bytes;
-  c.flops = flops;
-  c.ours.median_us = ours;
-  c.loop.median_us = loop;
-  c.cublas.median_us = cublas;
-  return c;
-}
+using wna16::cuda::bench::test_cases::make_case;
 
 Report two_presets() {
   Report r;

@@ -67,12 +67,16 @@ constexpr ConfigRow kConfigs[] = {
     // Up to 80 per expert since m144w's barrier-free loop (a4f9dfb): against it (2026-12-02, H200,
     // 232d1cf, two rounds, us m64w / m144w) 64 per expert Qwen3-30B-A3B M=1024 341-345 / 385, DeepSeek-V3
     // M=2048 5483-5511 / 5824-5874, Mixtral M=256 728 / 712-722; 68 Qwen1.5-MoE M=1024 457-472 / 472-474.
+    // EXPERIMENT: 48-token blocks, bench-only (--config m48w).
+    {"m48w", true, gemm::CfgM48W::BLOCK_M, gemm::CfgM48W::BLOCK_N, false, true, gemm::CfgM48W::BARRIER_FREE, kNever, kNever, kNever},
     {"m64w", true, gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 80.0, kNever, kNever},
     // The wgmma kernel with 144-token blocks (one per SM) above 80 per expert, where m64w dequantises
     // the weights for two or three m-blocks (the same runs, us m64w / m144w): 96 per expert
     // DeepSeek-V2-Lite M=1024 450-452 / 424-425; 128 DeepSeek-V3 M=4096 9070-9332 / 8164-8397, Mixtral
     // M=512 1121-1132 / 899; 136 Qwen1.5-MoE M=2048 815-824 / 712-721; 192 DeepSeek-V2-Lite M=2048
     // 784-785 / 785-794; 256 Qwen3-30B-A3B M=4096 960 / 865 (2026-12-02). No act-order gather.
+    // EXPERIMENT: 96-token blocks, bench-only (--config m96w).
+    {"m96w", true, gemm::CfgM96W::BLOCK_M, gemm::CfgM96W::BLOCK_N, false, true, gemm::CfgM96W::BARRIER_FREE, kNever, kNever, kNever},
     {"m144w", true, gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever, kNever},
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));

@@ -110,6 +110,22 @@ struct CfgM32W : CfgM64W {
   static constexpr int stages(int) { return 4; }
 };
 
+// 48 tokens per m-block, two blocks per SM (m64w's ring): 29-56 per expert, where m64w pads the
+// tokens to 64 columns (a third of its MMA work on padding at 32) and m32w dequantises the
+// weights of an expert with 33+ tokens twice.
+struct CfgM48W : CfgM64W {
+  static constexpr const char* NAME = "m48w";
+  static constexpr int BLOCK_M = 48;
+  static constexpr int XROWS = (BLOCK_M + 31) / 32;
+};
+// 96 tokens per m-block, one block per SM (m144w's ring): 57-96 per expert, where m64w takes a
+// second m-block (and dequantises again) for about half the experts and m144w pads to 144.
+struct CfgM96W : CfgM144W {
+  static constexpr const char* NAME = "m96w";
+  static constexpr int BLOCK_M = 96;
+  static constexpr int XROWS = (BLOCK_M + 31) / 32;
+};
+
 
 // ---- PTX helpers ----------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {

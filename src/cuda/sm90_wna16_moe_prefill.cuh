@@ -1,7 +1,7 @@
 // The wgmma kernel of the fused MoE GEMM (tile configs "m144w", "m64w" and "m32w"): Hopper wgmma
 // (sm_90a), 144 (64, 32) tokens per m-block, 256 weight rows per block; the text below speaks of
 // m144w. Same work items, operand roles, dequantisation and epilogues as the staged kernel
-// (sm90_wna16_moe_gemm.cuh); instantiated in sm90_wna16_moe_prefill_w{4,8}.cu. No act-order (the launcher refuses a perm).
+// (sm90_wna16_moe_gemm.cuh); instantiated in sm90_wna16_moe_prefill_<config>.cu. No act-order (the launcher refuses a perm).
 //
 // ---- design ----------------------------------------------------------------------------------
 // Block = 2 consumer warpgroups (256 threads), one block per SM, persistent over items

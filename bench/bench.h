@@ -21,7 +21,7 @@ struct BenchOptions {
   std::string plot_path;            // and/or an SVG plot of time and % of the roofline against M
   double min_seconds = 0.0;         // time budget per case hint (0 = backend default)
   // CUDA only, a measurement flag: every layer call runs this row of the kernel table
-  // (src/cuda/dispatch.h: m8, m32, m64, m64w, m144w) instead of the table's choice. Empty: the table.
+  // (src/cuda/dispatch.h: m8, m32, m64, m32w, m64w, m96w, m144w) instead of the table's choice. Empty: the table.
   std::string gemm_config;
   // Expert popularity the generated inputs impose on the layer's own routing (bench/routing_skew.h).
   bench::RoutingOption routing;

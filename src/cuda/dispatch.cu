@@ -56,7 +56,7 @@ constexpr ConfigRow kConfigs[] = {
     // DeepSeek-V2-Lite M=256 201 / 223; 32 m64w faster (Mixtral M=128 571 / 487: half the experts
     // need a second 32-token block). No act-order gather.
     {"m32w", true, gemm::CfgM32W::BLOCK_M, gemm::CfgM32W::BLOCK_N, false, true, gemm::CfgM32W::BARRIER_FREE, 28.0, kNever, kNever},
-    // The wgmma kernel with 64-token blocks, two per SM: 28-128 per expert. Against the staged m64
+    // The wgmma kernel with 64-token blocks, two per SM: 28-60 per expert. Against the staged m64
     // and m144w (2026-12-02, 14fd75e, us m64 / m64w / m144w): DeepSeek-V3 M=1024 (32 per expert)
     // 5651 / 5064 / 6998, Mixtral M=128 (32) 772 / 766 / 903, Qwen3-30B-A3B M=512 (32) 348 / 326 /
     // 449, DeepSeek-V2-Lite M=256 (24) 334 / 329 / 439 and M=512 (48) 430 / 381 / 490; at 64 per
@@ -67,16 +67,23 @@ constexpr ConfigRow kConfigs[] = {
     // Up to 80 per expert since m144w's barrier-free loop (a4f9dfb): against it (2026-12-02, H200,
     // 232d1cf, two rounds, us m64w / m144w) 64 per expert Qwen3-30B-A3B M=1024 341-345 / 385, DeepSeek-V3
     // M=2048 5483-5511 / 5824-5874, Mixtral M=256 728 / 712-722; 68 Qwen1.5-MoE M=1024 457-472 / 472-474.
-    // EXPERIMENT: 48-token blocks, bench-only (--config m48w).
-    {"m48w", true, gemm::CfgM48W::BLOCK_M, gemm::CfgM48W::BLOCK_N, false, true, gemm::CfgM48W::BARRIER_FREE, kNever, kNever, kNever},
-    {"m64w", true, gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 80.0, kNever, kNever},
+    // Up to 60 since m96w (below).
+    {"m64w", true, gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 60.0, kNever, kNever},
+    // The wgmma kernel with 96-token blocks (one per SM, m144w's ring): 60-80 per expert, where m64w
+    // takes a second m-block (and dequantises the expert's weights again) for a good part of the
+    // experts and m144w pads to 144 columns. 2026-12-03, H200, two rounds, us m64w / m96w / m144w: 64
+    // per expert Mixtral M=256 681 / 564 / 667-670, Qwen3-30B-A3B M=1024 354-355 / 346-347 / 383,
+    // DeepSeek-V3 M=2048 5520-5524 / 5457-5467 / 5826-5847; 68 Qwen1.5-MoE M=1024 484-490 / 456 / 484-485;
+    // 72 DeepSeek-V2-Lite M=768 425-426 / 366 / 415-417; 80 Mixtral M=320 820-826 / 677-688 / 676-677,
+    // Qwen3 M=1280 444-446 / 378 / 400-401, DeepSeek-V3 M=2560 6458-6550 / 6350-6356 / 6263-6269; 85
+    // Qwen1.5 M=1280 504-505 / 541-543 / 505-507; 96 DeepSeek-V2-Lite M=1024 432 / 497-500 / 436-438,
+    // Mixtral M=384 687-691 / 873-895 / 668-669. No act-order gather.
+    {"m96w", true, gemm::CfgM96W::BLOCK_M, gemm::CfgM96W::BLOCK_N, false, true, gemm::CfgM96W::BARRIER_FREE, 80.0, kNever, kNever},
     // The wgmma kernel with 144-token blocks (one per SM) above 80 per expert, where m64w dequantises
     // the weights for two or three m-blocks (the same runs, us m64w / m144w): 96 per expert
     // DeepSeek-V2-Lite M=1024 450-452 / 424-425; 128 DeepSeek-V3 M=4096 9070-9332 / 8164-8397, Mixtral
     // M=512 1121-1132 / 899; 136 Qwen1.5-MoE M=2048 815-824 / 712-721; 192 DeepSeek-V2-Lite M=2048
     // 784-785 / 785-794; 256 Qwen3-30B-A3B M=4096 960 / 865 (2026-12-02). No act-order gather.
-    // EXPERIMENT: 96-token blocks, bench-only (--config m96w).
-    {"m96w", true, gemm::CfgM96W::BLOCK_M, gemm::CfgM96W::BLOCK_N, false, true, gemm::CfgM96W::BARRIER_FREE, kNever, kNever, kNever},
     {"m144w", true, gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever, kNever},
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
@@ -174,7 +181,7 @@ LayerPlan plan_layer_call(const LayerShape& s, int64_t M, DType act) {
   }
   if (s.batch_invariant) {
     // One arithmetic per token whatever M: the wgmma rows dequantise and accumulate a token's
-    // column alike (m32w, m64w and m144w give the same bits), the decode kernel does not (raw codes,
+    // column alike (m32w, m64w, m96w and m144w give the same bits), the decode kernel does not (raw codes,
     // per-group scales, K splits); the staged gather and the portable path take m64 at every M.
     // GEMM2 then runs unsplit (below) and the router on one kernel and split (the layer).
     p.config = portable_path() || staged_gather ? kRowM64 : row(p.config).hopper ? p.config : kRowM32W;

@@ -144,7 +144,7 @@ struct GemmRun {
   // expert_ids, num_tokens_post_padded): wait for it before anything; only the launch latency and
   // the blocks' start overlap it.
   bool wait_first = false;
-  // The wgmma configs only (m32w, m64w, m144w; refused elsewhere): x's K axis is stored k-permuted (kperm_pos), so the
+  // The wgmma configs only (m32w, m64w, m96w, m144w; refused elsewhere): x's K axis is stored k-permuted (kperm_pos), so the
   // prefill kernel copies token rows with 16-byte copies instead of 4-byte ones; out_kperm: GEMM1
   // (SiluMul) writes its output k-permuted (the input of an m144w GEMM2). x must then be 16-byte
   // aligned with x_stride a multiple of 8.

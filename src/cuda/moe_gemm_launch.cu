@@ -53,7 +53,7 @@ int launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     throw Error(std::string("GEMM config ") + gemm_config_name(r.config) + " has no act-order gather (perm): use config m64");
   if ((r.x_kperm || r.out_kperm) && !gemm_config_takes_kperm(r.config))
     throw Error(std::string("GEMM config ") + gemm_config_name(r.config) +
-                " reads and writes activations in natural k order: x_kperm / out_kperm are for the wgmma configs (m32w, m64w, m144w)");
+                " reads and writes activations in natural k order: x_kperm / out_kperm are for the wgmma configs (m32w, m64w, m96w, m144w)");
   if (r.out_kperm && (r.epilogue != GemmEpilogue::SiluMul || (w.N / 2) % 64 != 0))
     throw Error("out_kperm needs the SiluMul epilogue and an output width (N/2 = " + std::to_string(w.N / 2) +
                 ") that is a multiple of 64");

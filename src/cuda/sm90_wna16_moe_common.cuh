@@ -53,8 +53,8 @@ using CfgM32 = TileConfig<4, 2, 4, 4, true>;
 // Prefill: 64-token tiles, each dequantised weight fragment feeds 8 MMAs; weights reused via L2.
 using CfgM64 = TileConfig<4, 2, 8, 4, false>;
 
-// The wgmma tile configs (the kernel table's rows m32w, m64w and m144w, dispatch.cu): the same
-// kernel with 32, 64 or 144 tokens per m-block. 144 tokens take 242 registers (one block per SM); 64 fit two
+// The wgmma tile configs (the kernel table's rows m32w, m64w, m96w and m144w, dispatch.cu): the same
+// kernel with 32, 64, 96 or 144 tokens per m-block. 144 tokens take 242 registers (one block per SM); 64 fit two
 // blocks per SM, whose rings and k-loops interleave (the mid-range m-blocks of 21-64 tokens).
 struct CfgM144W {
   static constexpr const char* NAME = "m144w";
@@ -110,14 +110,6 @@ struct CfgM32W : CfgM64W {
   static constexpr int stages(int) { return 4; }
 };
 
-// 48 tokens per m-block, two blocks per SM (m64w's ring): 29-56 per expert, where m64w pads the
-// tokens to 64 columns (a third of its MMA work on padding at 32) and m32w dequantises the
-// weights of an expert with 33+ tokens twice.
-struct CfgM48W : CfgM64W {
-  static constexpr const char* NAME = "m48w";
-  static constexpr int BLOCK_M = 48;
-  static constexpr int XROWS = (BLOCK_M + 31) / 32;
-};
 // 96 tokens per m-block, one block per SM (m144w's ring): 57-96 per expert, where m64w takes a
 // second m-block (and dequantises again) for about half the experts and m144w pads to 144.
 struct CfgM96W : CfgM144W {

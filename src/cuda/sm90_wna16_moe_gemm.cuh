@@ -403,7 +403,7 @@ int prepare_decode();
 template <class T, int BITS>
 void launch_decode(const KParams& kp, int64_t upper_mblocks, cudaStream_t stream);
 
-// The wgmma kernel, configs m32w, m48w, m64w, m96w and m144w (sm90_wna16_moe_prefill.cuh), explicitly
+// The wgmma kernel, configs m32w, m64w, m96w and m144w (sm90_wna16_moe_prefill.cuh), explicitly
 // instantiated in sm90_wna16_moe_prefill_<config>.cu.
 template <class C, class T, int BITS>
 int prepare_prefill();
@@ -415,8 +415,6 @@ void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t strea
 #define WNA16_PREFILL_EXTERN_BITS(C, B) WNA16_PREFILL_EXTERN(C, __half, B) WNA16_PREFILL_EXTERN(C, __nv_bfloat16, B)
 WNA16_PREFILL_EXTERN_BITS(CfgM32W, 4)
 WNA16_PREFILL_EXTERN_BITS(CfgM32W, 8)
-WNA16_PREFILL_EXTERN_BITS(CfgM48W, 4)
-WNA16_PREFILL_EXTERN_BITS(CfgM48W, 8)
 WNA16_PREFILL_EXTERN_BITS(CfgM64W, 4)
 WNA16_PREFILL_EXTERN_BITS(CfgM64W, 8)
 WNA16_PREFILL_EXTERN_BITS(CfgM96W, 4)
@@ -464,9 +462,8 @@ int launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks,
     case 1: return by_act(CfgM32{});
     case 2: return by_act(CfgM64{});
     case 3: return wgmma(CfgM32W{});
-    case 4: return wgmma(CfgM48W{});
-    case 5: return wgmma(CfgM64W{});
-    case 6: return wgmma(CfgM96W{});
+    case 4: return wgmma(CfgM64W{});
+    case 5: return wgmma(CfgM96W{});
     default: return wgmma(CfgM144W{});
   }
 }

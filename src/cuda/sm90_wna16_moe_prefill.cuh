@@ -1,5 +1,5 @@
-// The wgmma kernel of the fused MoE GEMM (tile configs "m144w", "m64w" and "m32w"): Hopper wgmma
-// (sm_90a), 144 (64, 32) tokens per m-block, 256 weight rows per block; the text below speaks of
+// The wgmma kernel of the fused MoE GEMM (tile configs "m144w", "m96w", "m64w" and "m32w"): Hopper wgmma
+// (sm_90a), 144 (96, 64, 32) tokens per m-block, 256 weight rows per block; the text below speaks of
 // m144w. Same work items, operand roles, dequantisation and epilogues as the staged kernel
 // (sm90_wna16_moe_gemm.cuh); instantiated in sm90_wna16_moe_prefill_<config>.cu. No act-order (the launcher refuses a perm).
 //

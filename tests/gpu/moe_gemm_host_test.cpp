@@ -41,10 +41,11 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
 
 // The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 8.5 without
 // act-order (8 with it), the staged m32 kernel for act-order with its own gather up to 40 and m64
-// above; without it the wgmma kernel, m32w up to 28, m64w to 80, m144w above.
+// above; without it the wgmma kernel, m32w up to 28, m64w to 60, m96w to 80, m144w above.
 TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
   const int m8 = config_named("m8"), m32 = config_named("m32"), m64 = config_named("m64"),
-            m32w = config_named("m32w"), m64w = config_named("m64w"), m144w = config_named("m144w");
+            m32w = config_named("m32w"), m64w = config_named("m64w"), m96w = config_named("m96w"),
+            m144w = config_named("m144w");
   EXPECT_EQ(choose_gemm_config(1, 2, 8, false), m8);
   EXPECT_EQ(choose_gemm_config(32, 2, 8, false), m8);        // Mixtral: 8 per expert
   EXPECT_EQ(choose_gemm_config(256, 8, 256, false), m8);     // DeepSeek-V3: 8.002 per active expert
@@ -62,7 +63,9 @@ TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
     EXPECT_EQ(choose_gemm_config(29, 1, 1, gather), gather ? m32 : m64w);
     EXPECT_EQ(choose_gemm_config(40, 1, 1, gather), gather ? m32 : m64w);
     EXPECT_EQ(choose_gemm_config(41, 1, 1, gather), gather ? m64 : m64w);
-    EXPECT_EQ(choose_gemm_config(80, 1, 1, gather), gather ? m64 : m64w);
+    EXPECT_EQ(choose_gemm_config(60, 1, 1, gather), gather ? m64 : m64w);
+    EXPECT_EQ(choose_gemm_config(61, 1, 1, gather), gather ? m64 : m96w);
+    EXPECT_EQ(choose_gemm_config(80, 1, 1, gather), gather ? m64 : m96w);
     EXPECT_EQ(choose_gemm_config(81, 1, 1, gather), gather ? m64 : m144w);
     EXPECT_EQ(choose_gemm_config(100000, 1, 1, gather), gather ? m64 : m144w);
   }
@@ -161,7 +164,7 @@ TEST(MoeGemm, KpermLayoutAndRefusals) {
     return test::error_of([&] { launch_moe_gemm(d, run, nullptr); });
   };
   r.config = config_named("m64");
-  EXPECT_NE(refusal(r).find("for the wgmma configs (m32w, m64w, m144w)"), std::string::npos) << refusal(r);
+  EXPECT_NE(refusal(r).find("for the wgmma configs (m32w, m64w, m96w, m144w)"), std::string::npos) << refusal(r);
   r.config = config_named("m144w");
   r.x = reinterpret_cast<const char*>(dummy) + 2;
   EXPECT_NE(refusal(r).find("16-byte aligned"), std::string::npos) << refusal(r);

@@ -459,7 +459,7 @@ TEST(MoeGemm, EveryConfigBitsDtypeAndGroup) {
       }
 }
 
-// The wgmma kernel (configs m32w, m64w and m144w) with diagnostics: on a mismatch it prints the first bad
+// The wgmma kernel (configs m32w, m64w, m96w and m144w) with diagnostics: on a mismatch it prints the first bad
 // (padded position, token, column) entries and how the bad ones spread over the token column of
 // the m-block and the output column, so a fragment / swizzle / k-permutation bug shows its pattern
 // from one GPU run. Token counts: several m-blocks per expert, one and both 64-token halves, a
@@ -468,7 +468,7 @@ TEST(MoeGemm, PrefillWgmmaDiagnostics) {
   WNA16_REQUIRE_GPU();
   if (!hopper_path_available())
     GTEST_SKIP() << "the wgmma kernel needs sm_90a; this GPU has compute capability " << device_compute_capability();
-  for (const char* name : {"m32w", "m48w", "m64w", "m96w", "m144w"}) {
+  for (const char* name : {"m32w", "m64w", "m96w", "m144w"}) {
     const int config = config_named(name);
     ASSERT_GE(config, 0) << "config " << name << " is not in the table";
     const struct {

@@ -42,7 +42,7 @@ const CommandRegistrar reg([](CLI::App& root) {
                   "draw time and % of the roofline against M per preset, with the baselines, as SVG (FILE.svg)");
   app->add_option("--min-seconds", args->min_seconds, "timed seconds per case (0 = backend default)");
   app->add_option("--config", args->config,
-                  "CUDA, for measurements: run every call on this kernel-table row (m8, m32, m64, m32w, m64w, m144w) "
+                  "CUDA, for measurements: run every call on this kernel-table row (m8, m32, m64, m32w, m64w, m96w, m144w) "
                   "instead of the table's choice");
   app->add_option("--routing", args->routing,
                   "expert popularity the generated inputs impose on the layer's own routing: uniform (default) or "

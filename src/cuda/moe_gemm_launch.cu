@@ -203,9 +203,10 @@ int launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.tail_out = r.tail_out;
   kp.tail_count = r.tail_count;
   if (r.tail_out) {
-    // Blocks that add: one lane per row group of each 8-element piece (slot_sum.cuh), at most 64.
+    // Blocks that add: every piece's 8 lanes in one pass (slot_sum.cuh; the kernel takes at most
+    // its grid, looping over the rest).
     const int64_t lanes = (r.num_slots / r.topk) * (w.N / 8) * kSumParts;
-    kp.tail_blocks = int(std::clamp<int64_t>((lanes + gemm::kDecodeThreads - 1) / gemm::kDecodeThreads, 1, 64));
+    kp.tail_blocks = int(std::clamp<int64_t>((lanes + gemm::kDecodeThreads - 1) / gemm::kDecodeThreads, 1, 1 << 20));
   }
   if (r.config == 0 && !w.perm) {
     // Decode kernel: the work shape (warps per unit along K, pairs per warp where the variant is

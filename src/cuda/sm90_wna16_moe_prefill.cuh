@@ -678,4 +678,13 @@ void launch_prefill(const KParams& kp, int64_t upper_mblocks, cudaStream_t strea
   WNA16_CUDA_CHECK_LAUNCH();
 }
 
+// The explicit instantiations of config C (4- and 8-bit weights, both activation types), one
+// translation unit per config (sm90_wna16_moe_prefill_<config>.cu) so that they build in parallel.
+#define WNA16_PREFILL_INSTANTIATE(C, T, B)  \
+  template int prepare_prefill<C, T, B>(); \
+  template void launch_prefill<C, T, B>(const KParams&, int64_t, cudaStream_t);
+#define WNA16_PREFILL_INSTANTIATE_CONFIG(C)                                                        \
+  WNA16_PREFILL_INSTANTIATE(C, __half, 4) WNA16_PREFILL_INSTANTIATE(C, __nv_bfloat16, 4)           \
+  WNA16_PREFILL_INSTANTIATE(C, __half, 8) WNA16_PREFILL_INSTANTIATE(C, __nv_bfloat16, 8)
+
 }  // namespace wna16::cuda::gemm

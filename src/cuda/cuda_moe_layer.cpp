@@ -9,9 +9,8 @@
 //      waits for it first, but at decode runs the shared slices' m-blocks before that wait)
 //   -> GEMM2 (x routing weight, one row in act per slot and K split; programmatic dependent of GEMM1)
 //   -> the top-k sum in fp32, in a fixed order, cast to act (launch_slot_sum_out; programmatic
-//      dependent of GEMM2: waits for its completion before reading; where the plan says tail_sum,
-//      GEMM2's last blocks add it with the same code instead). No atomics add floats anywhere, so
-//      every run gives the same bits.
+//      dependent of GEMM2: waits for its completion before reading). No atomics add floats
+//      anywhere, so every run gives the same bits.
 // No allocation and no host synchronisation inside forward(); it can be captured in a CUDA graph.
 //
 // Kernel experts: the shared expert(s) cut into S = ceil(shared_inter/I) slices of width I (SwiGLU

@@ -232,9 +232,9 @@ LayerPlan plan_layer_call(const LayerShape& s, int64_t M, DType act) {
     plain.perm = plain.perm_up = nullptr;
     p.handoff = mb_handoff_pays(plain, r);
   }
-  // The top-k sum in GEMM2's last blocks for a few tokens (slot_sum.cuh, kTailSumPieces): the
-  // separate launch waited for GEMM2's grid to complete and flush.
-  p.tail_sum = decode && !s.g2->perm && !s.g2->perm_up && M * (s.g2->N / 8) <= kTailSumPieces;
+  // The top-k sum in GEMM2's last blocks where the sum is a latency chain (eight lanes per piece,
+  // slot_sum.cuh): the separate launch waited for GEMM2's grid to complete and flush.
+  p.tail_sum = decode && !s.g2->perm && !s.g2->perm_up && M * (s.g2->N / 8) < kSumOneLanePieces;
   // GEMM2 writes one row per slot and split: at most gemm2_part_rows of them.
   p.gemm2_splits = s.batch_invariant ? 1 : int(std::min<int64_t>(choose_splits(*s.g2, p.config, act, M, k2),
                                          std::max<int64_t>(1, gemm2_part_rows(M, k2) / std::max<int64_t>(1, M * k2))));

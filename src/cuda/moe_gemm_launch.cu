@@ -203,10 +203,9 @@ int launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.tail_out = r.tail_out;
   kp.tail_count = r.tail_count;
   if (r.tail_out) {
-    // Blocks that add: every piece's 8 lanes in one pass (slot_sum.cuh; the kernel takes at most
-    // its grid, looping over the rest).
+    // Blocks that add: one lane per row group of each 8-element piece (slot_sum.cuh), at most 64.
     const int64_t lanes = (r.num_slots / r.topk) * (w.N / 8) * kSumParts;
-    kp.tail_blocks = int(std::clamp<int64_t>((lanes + gemm::kDecodeThreads - 1) / gemm::kDecodeThreads, 1, 1 << 20));
+    kp.tail_blocks = int(std::clamp<int64_t>((lanes + gemm::kDecodeThreads - 1) / gemm::kDecodeThreads, 1, 64));
   }
   if (r.config == 0 && !w.perm) {
     // Decode kernel: the work shape (warps per unit along K, pairs per warp where the variant is

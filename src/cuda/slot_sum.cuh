@@ -17,9 +17,6 @@ namespace wna16::cuda {
 constexpr int kSumParts = 8;
 // Pieces (tokens x H / 8) from which the sum runs one lane per piece (fewer: eight).
 constexpr int64_t kSumOneLanePieces = 16384;
-// Pieces up to which GEMM2 on the decode kernel adds the sum in its last blocks (LayerPlan::
-// tail_sum): their 8 lanes each fit 128 blocks of 128 threads, one pass where the grid has them.
-constexpr int64_t kTailSumPieces = 2048;
 
 template <class T>
 __device__ __forceinline__ void slot_sum_add8(float (&s)[8], const uint4& v) {

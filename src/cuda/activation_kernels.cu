@@ -14,7 +14,6 @@
 #include "cuda/moe_gemm.h"  // kperm_pos
 #include "cuda/moe_layer_kernels.h"
 #include "cuda/pdl.cuh"
-#include "cuda/slot_sum.cuh"
 #include "wna16/error.h"
 
 namespace wna16::cuda {
@@ -118,19 +117,66 @@ __global__ void __launch_bounds__(kKpermThreads)
   }
 }
 
-// The top-k sum (launch_slot_sum_out; the order of its additions: slot_sum.cuh). A programmatic
-// dependent of the layer's GEMM2: launched while GEMM2 still runs, it waits (griddepcontrol.wait:
-// GEMM2's completion and memory flush) before its first global access. Every thread waits, so the
-// grid completes only after GEMM2 did.
+// The top-k sum (launch_slot_sum_out). A programmatic dependent of the layer's GEMM2: launched
+// while GEMM2 still runs, it waits (griddepcontrol.wait: GEMM2's completion and memory flush) before
+// its first global access. Every thread waits, so the grid completes only after GEMM2 did.
+// The order of additions, the same at every M: partial q (q < 8) adds rows q, q + 8, ... in turn;
+// the result is ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)). LANES = 8: one lane per partial
+// (all loads in flight at once: a few tokens' call is a latency chain), added by a butterfly of
+// shuffles (a + b == b + a: both lanes of a pair hold the same sum); LANES = 1: one thread per
+// 8-element piece, the same additions in registers (many tokens: an eighth of the instructions).
+constexpr int kSumParts = 8;
+template <class T>
+__device__ __forceinline__ void add8(float (&s)[8], const uint4& v) {
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] += float(e[i]);
+}
 template <class T, int LANES>
 __global__ void slot_sum_kernel(const uint4* __restrict__ part, int splits, int64_t M, int k2, int H8, int64_t plane8,
                                 uint4* __restrict__ out) {
   pdl_wait();
-  const int q = threadIdx.x % LANES;
+  const int q = threadIdx.x % LANES, n = k2 * splits;
   const int h = int((blockIdx.x * blockDim.x + threadIdx.x) / LANES);  // this thread's piece of a row
   if (int((blockIdx.x * blockDim.x + (threadIdx.x & ~31u)) / LANES) >= H8) return;  // the whole warp
-  for (int64_t t = blockIdx.y; t < M; t += gridDim.y)  // warp-uniform (the shuffles need every lane)
-    slot_sum_piece<T, LANES>(part, splits, k2, H8, plane8, t, h, q, h < H8, out);
+  for (int64_t t = blockIdx.y; t < M; t += gridDim.y) {  // warp-uniform (the shuffles need every lane)
+    float s[kSumParts / LANES][8] = {};
+    if (h < H8) {
+      const uint4* rows = part + t * k2 * H8 + h;
+      auto row = [&](int r) {  // row r = slot j, split sp
+        const int j = splits == 1 ? r : r / splits, sp = r - j * splits;
+        return __ldcs(rows + sp * plane8 + int64_t(j) * H8);
+      };
+      if constexpr (LANES == kSumParts) {
+#pragma unroll 4
+        for (int r = q; r < n; r += kSumParts) add8<T>(s[0], row(r));
+      } else {
+        for (int r0 = 0; r0 < n; r0 += kSumParts)
+#pragma unroll
+          for (int p = 0; p < kSumParts; ++p)
+            if (r0 + p < n) add8<T>(s[p], row(r0 + p));
+      }
+    }
+    float v[8];
+    if constexpr (LANES == kSumParts) {
+#pragma unroll
+      for (int m = kSumParts / 2; m > 0; m >>= 1)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s[0][i] += __shfl_xor_sync(0xffffffffu, s[0][i], m);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = s[0][i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = ((s[0][i] + s[4][i]) + (s[2][i] + s[6][i])) + ((s[1][i] + s[5][i]) + (s[3][i] + s[7][i]));
+    }
+    if (h < H8 && q == 0) {
+      uint4 o;
+      T* e = reinterpret_cast<T*>(&o);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[i] = T(v[i]);
+      out[t * H8 + h] = o;
+    }
+  }
 }
 
 int grid_for(int64_t n, int threads) {
@@ -211,10 +257,11 @@ void launch_slot_sum_out(const void* part, int splits, int64_t M, int k2, int64_
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
-  // Eight lanes per piece while the pieces are few (a latency chain), one from kSumOneLanePieces
+  // Eight lanes per piece while the pieces are few (a latency chain), one from kSumOneLane pieces
   // on (an eighth of the instructions); the same bits either way. x: the lanes of one token's row;
   // y: tokens.
-  const int lanes = M * H8 >= kSumOneLanePieces ? 1 : kSumParts;
+  constexpr int64_t kSumOneLane = 16384;
+  const int lanes = M * H8 >= kSumOneLane ? 1 : kSumParts;
   const int64_t gx = (H8 * lanes + threads - 1) / threads;
   cfg.gridDim = dim3(unsigned(gx), unsigned(std::clamp<int64_t>(M, 1, std::max<int64_t>(1, 16384 / gx))));
   cfg.blockDim = dim3(threads);

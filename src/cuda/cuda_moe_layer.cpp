@@ -132,7 +132,7 @@ struct CudaMoeLayer::Impl {
     ws.inter = take(ws.max_padded * I * 2);
     // The decode GEMMs' m-block handoff (GemmRun::mb_done): kHandoffSlots counters per m-block,
     // then the item counter; zeroed by the router launch (from here to zero_end).
-    ws.handoff = take((handoff_counters(ws.max_blocks) + 2) * 4);  // + GEMM2's item and tail counters
+    ws.handoff = take((handoff_counters(ws.max_blocks) + 1) * 4);
     // Decode with shared slices: GEMM1's shared-slice K parts (GemmRun::pre_scratch / pre_count,
     // the counts zeroed by the router too), where the plan runs them.
     const bool parts = layer_pre_parts(shape, M, config);
@@ -510,13 +510,9 @@ void CudaMoeLayer::Impl::run_gemms(const void* x, void* out, int64_t M, DType ac
     r.mb_done_target = int(gemm1.NT / 2);
     r.item_claim = reinterpret_cast<int32_t*>(ws + L.handoff) + handoff_counters(L.max_blocks);
   }
-  if (plan.tail_sum) {
-    r.tail_out = out;
-    r.tail_count = reinterpret_cast<int32_t*>(ws + L.handoff) + handoff_counters(L.max_blocks) + 1;
-  }
   const int splits = launch_moe_gemm(d.g2, r, st);
   stage_done("GEMM2 (down)", st);
-  if (diag_skip(6) || plan.tail_sum) return;
+  if (diag_skip(6)) return;
 
   // A programmatic dependent of GEMM2 (which releases its dependents early): the sum's set-up
   // overlaps GEMM2's tail and its griddepcontrol.wait waits for GEMM2's completion and flush.

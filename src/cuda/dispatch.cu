@@ -9,7 +9,6 @@
 #include "cuda/sm90_wna16_moe_decode.cuh"
 #include "cuda/sm90_wna16_moe_gemm.cuh"
 #include "cuda/sm90_wna16_moe_prefill.cuh"
-#include "cuda/slot_sum.cuh"
 #include "wna16/error.h"
 #include "wna16/reference.h"
 
@@ -232,9 +231,6 @@ LayerPlan plan_layer_call(const LayerShape& s, int64_t M, DType act) {
     plain.perm = plain.perm_up = nullptr;
     p.handoff = mb_handoff_pays(plain, r);
   }
-  // The top-k sum in GEMM2's last blocks where the sum is a latency chain (eight lanes per piece,
-  // slot_sum.cuh): the separate launch waited for GEMM2's grid to complete and flush.
-  p.tail_sum = decode && !s.g2->perm && !s.g2->perm_up && M * (s.g2->N / 8) < kSumOneLanePieces;
   // GEMM2 writes one row per slot and split: at most gemm2_part_rows of them.
   p.gemm2_splits = s.batch_invariant ? 1 : int(std::min<int64_t>(choose_splits(*s.g2, p.config, act, M, k2),
                                          std::max<int64_t>(1, gemm2_part_rows(M, k2) / std::max<int64_t>(1, M * k2))));

@@ -104,9 +104,6 @@ struct LayerPlan {
   // (GemmRun::mb_done). Needs the align bound on m-blocks: see plan_layer_call.
   bool handoff = false;
   int gemm2_splits = 1;  // split-K of GEMM2, splits x M x k2 <= gemm2_part_rows(M, k2)
-  // GEMM2 on the decode kernel adds the top-k sum itself in its last blocks (GemmRun::tail_out)
-  // instead of the sum launch after it.
-  bool tail_sum = false;
 };
 
 // The rows of GEMM2's per-slot output (GemmRun WeightedSum: one per slot and K split) that a call of

@@ -197,14 +197,6 @@ struct GemmRun {
   int route_E = 0;
   int route_topk = 0;
   bool route_renormalize = true;
-  // Decode-kernel GEMM2 (WeightedSum, config m8 without act-order, out_stride == N, all m-blocks):
-  // the top-k sum in the kernel instead of launch_slot_sum_out after it. Each block counts itself
-  // in tail_count once its items are done; the last blocks to do so wait until every block has and
-  // then add the rows (the sum kernel's code and order, slot_sum.cuh) into tail_out [num_slots /
-  // topk, N] in the activation dtype. Saves the sum launch's wait for GEMM2's grid (a few tokens'
-  // call). tail_count must be zero before the launch. Null: off.
-  void* tail_out = nullptr;
-  int32_t* tail_count = nullptr;
 };
 // The shared-slice parts' scratch sizes for GEMM1 (N = 2I, NT its n-tiles) at M tokens, S slices:
 // one part's floats (pre_part_floats) and all parts' (pre_scratch_floats).

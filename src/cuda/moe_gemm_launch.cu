@@ -3,7 +3,6 @@
 // split-K, the decode work shape) are dispatch.h's.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <mutex>
 #include <string>
 
@@ -13,7 +12,6 @@
 #include "cuda/sm90_wna16_moe_decode.cuh"
 #include "cuda/sm90_wna16_moe_gemm.cuh"
 #include "cuda/sm90_wna16_moe_prefill.cuh"
-#include "cuda/slot_sum.cuh"
 #include "wna16/error.h"
 #include "wna16/reference.h"
 
@@ -90,15 +88,6 @@ int launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
     throw Error("route_logits: the decode kernel routes a token itself for int4 weights in groups of 128 only (bits " +
                 std::to_string(w.bits) + ", group length " + std::to_string(w.group_len) + ", K=" + std::to_string(w.K) +
                 ")");
-  if ((r.tail_out != nullptr) != (r.tail_count != nullptr))
-    throw Error("the decode kernel's top-k sum needs both tail_out and tail_count (or neither)");
-  if (r.tail_out &&
-      (r.config != 0 || w.perm || w.perm_up || r.epilogue != GemmEpilogue::WeightedSum || r.mb_begin != 0 ||
-       r.mb_count >= 0 || w.N % 8 != 0 || reinterpret_cast<uintptr_t>(r.out) % 16 != 0 ||
-       reinterpret_cast<uintptr_t>(r.tail_out) % 16 != 0))
-    throw Error("tail_out (the top-k sum in GEMM2) needs the decode kernel (config m8 without act-order), the "
-                "WeightedSum epilogue over all m-blocks, N (" + std::to_string(w.N) +
-                ") a multiple of 8 and 16-byte aligned rows and output");
   if (r.x_by_position && (r.epilogue != GemmEpilogue::SiluMul || !r.x_kperm || r.x_per_slot || w.perm || w.perm_up))
     throw Error("x_by_position (x in m-block order) is for GEMM1 (SiluMul) with x_kperm, without x_per_slot or a perm");
   if (r.x_per_slot && (r.epilogue != GemmEpilogue::SiluMul || w.perm || w.perm_up))
@@ -200,13 +189,6 @@ int launch_moe_gemm(const DeviceGemm& w, const GemmRun& r, Stream stream) {
   kp.route_E = r.route_E;
   kp.route_topk = r.route_topk;
   kp.route_renorm = r.route_renormalize ? 1 : 0;
-  kp.tail_out = r.tail_out;
-  kp.tail_count = r.tail_count;
-  if (r.tail_out) {
-    // Blocks that add: one lane per row group of each 8-element piece (slot_sum.cuh), at most 64.
-    const int64_t lanes = (r.num_slots / r.topk) * (w.N / 8) * kSumParts;
-    kp.tail_blocks = int(std::clamp<int64_t>((lanes + gemm::kDecodeThreads - 1) / gemm::kDecodeThreads, 1, 64));
-  }
   if (r.config == 0 && !w.perm) {
     // Decode kernel: the work shape (warps per unit along K, pairs per warp where the variant is
     // allowed) of the shortest modelled critical path on the expected m-blocks.

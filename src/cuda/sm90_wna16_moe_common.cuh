@@ -406,10 +406,6 @@ struct KParams {
   // routing weights. Null: off.
   const float* route_logits;
   int route_E, route_topk, route_renorm;
-  // Decode kernel only, GEMM2: the top-k sum in its last tail_blocks blocks (GemmRun::tail_out).
-  void* tail_out;
-  int32_t* tail_count;
-  int tail_blocks;
 };
 
 // A work item of the persistent loops (staged, decode and prefill kernels): (m-block, n-block,

@@ -18,7 +18,6 @@
 #include "cuda/pdl.cuh"
 #include "cuda/routing_device.cuh"
 #include "cuda/sm90_wna16_moe_common.cuh"
-#include "cuda/slot_sum.cuh"
 
 namespace wna16::cuda::gemm {
 
@@ -575,35 +574,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks) wna16_moe_de
       }
     }
     if (tables) release_mb(mb, unit);  // else after the wait
-  }
-
-  // The top-k sum (KParams::tail_out): every block counts itself once its rows are stored; the
-  // last tail_blocks to do so wait for the count to reach the grid (every block is resident by
-  // then: the grid is at most the resident blocks, and the blocks it waits for have started or
-  // wait only for earlier kernels) and add the rows, L2 reads (other SMs wrote them).
-  if (p.tail_count) {
-    __shared__ int tail_rank;
-    const int tb = min(int(gridDim.x), p.tail_blocks);
-    __syncthreads();  // the block's row stores before thread 0's fence and count
-    if (threadIdx.x == 0) {
-      __threadfence();
-      tail_rank = atomicAdd(p.tail_count, 1) - (int(gridDim.x) - tb);
-      if (tail_rank >= 0)
-        while (ld_acquire_gpu(p.tail_count) < int(gridDim.x)) {
-        }
-    }
-    __syncthreads();
-    const int rank = tail_rank;  // block-uniform
-    if (rank >= 0) {
-      const int H8 = p.N / 8;
-      const int64_t lanes = int64_t(p.num_slots / p.topk) * H8 * kSumParts, step = int64_t(tb) * kDecodeThreads;
-      for (int64_t base = int64_t(rank) * kDecodeThreads + (threadIdx.x & ~31); base < lanes; base += step) {
-        const int64_t idx = base + lane, piece = idx / kSumParts;  // warp-uniform loop: every lane shuffles
-        slot_sum_piece<T, kSumParts, true>(static_cast<const uint4*>(p.out), p.splits, p.topk, H8,
-                                           int64_t(p.num_slots) * H8, piece / H8, int(piece % H8), lane % kSumParts,
-                                           idx < lanes, static_cast<uint4*>(p.tail_out));
-      }
-    }
   }
 }
 

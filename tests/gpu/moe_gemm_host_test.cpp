@@ -176,14 +176,6 @@ TEST(MoeGemm, KpermLayoutAndRefusals) {
   r.out_kperm = true;
   r.epilogue = GemmEpilogue::WeightedSum;
   EXPECT_NE(refusal(r).find("out_kperm needs the SiluMul epilogue"), std::string::npos) << refusal(r);
-  // The top-k sum in GEMM2 (tail_out): both pointers, the decode kernel only.
-  r.out_kperm = false;
-  r.topk_weights = reinterpret_cast<const float*>(dummy);
-  r.tail_out = dummy;
-  EXPECT_NE(refusal(r).find("both tail_out and tail_count"), std::string::npos) << refusal(r);
-  r.tail_count = dummy;
-  EXPECT_NE(refusal(r).find("tail_out (the top-k sum in GEMM2) needs the decode kernel"), std::string::npos)
-      << refusal(r);
 }
 
 // The staged and prefill kernels index x with 32-bit element offsets: a GEMM whose x would not fit

@@ -110,8 +110,9 @@ struct CfgM32W : CfgM64W {
   static constexpr int stages(int) { return 4; }
 };
 
-// 96 tokens per m-block, one block per SM (m144w's ring): 57-96 per expert, where m64w takes a
-// second m-block (and dequantises again) for about half the experts and m144w pads to 144.
+// 96 tokens per m-block, one block per SM (m144w's ring and registers; no spills): 61-80 tokens per
+// expert (the kernel table's bounds, dispatch.cu), where m64w takes a second m-block (and
+// dequantises again) for many experts and m144w pads to 144 columns.
 struct CfgM96W : CfgM144W {
   static constexpr const char* NAME = "m96w";
   static constexpr int BLOCK_M = 96;

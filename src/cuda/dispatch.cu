@@ -69,7 +69,7 @@ constexpr ConfigRow kConfigs[] = {
     // M=2048 5483-5511 / 5824-5874, Mixtral M=256 728 / 712-722; 68 Qwen1.5-MoE M=1024 457-472 / 472-474.
     // Up to 60 since m96w (below).
     {"m64w", true, gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 60.0, kNever, kNever},
-    // The wgmma kernel with 96-token blocks (one per SM, m144w's ring): 60-80 per expert, where m64w
+    // The wgmma kernel with 96-token blocks (one per SM, m144w's ring): above 60 to 80 per expert, where m64w
     // takes a second m-block (and dequantises the expert's weights again) for a good part of the
     // experts and m144w pads to 144 columns. 2026-12-03, H200, two rounds, us m64w / m96w / m144w: 64
     // per expert Mixtral M=256 681 / 564 / 667-670, Qwen3-30B-A3B M=1024 354-355 / 346-347 / 383,

@@ -84,9 +84,6 @@ constexpr ConfigRow kConfigs[] = {
     // DeepSeek-V2-Lite M=1024 450-452 / 424-425; 128 DeepSeek-V3 M=4096 9070-9332 / 8164-8397, Mixtral
     // M=512 1121-1132 / 899; 136 Qwen1.5-MoE M=2048 815-824 / 712-721; 192 DeepSeek-V2-Lite M=2048
     // 784-785 / 785-794; 256 Qwen3-30B-A3B M=4096 960 / 865 (2026-12-02). No act-order gather.
-    // EXPERIMENT: bench-only rows (never chosen; `bench --config m16w / m16w4`).
-    {"m16w", true, gemm::CfgM16W::BLOCK_M, gemm::CfgM16W::BLOCK_N, false, true, gemm::CfgM16W::BARRIER_FREE, kNever, kNever, kNever},
-    {"m16w4", true, gemm::CfgM16W4::BLOCK_M, gemm::CfgM16W4::BLOCK_N, false, true, gemm::CfgM16W4::BARRIER_FREE, kNever, kNever, kNever},
     {"m144w", true, gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever, kNever},
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));

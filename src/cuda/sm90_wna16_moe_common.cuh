@@ -110,22 +110,6 @@ struct CfgM32W : CfgM64W {
   static constexpr int stages(int) { return 4; }
 };
 
-// EXPERIMENT (bench-only rows): 16 tokens per m-block at three or four blocks per SM, for up to
-// ~10 tokens per expert (DeepSeek-V3 M=256: 8 per expert, where the decode kernel takes two
-// m-blocks for 41% of the experts). Four blocks: 3 int4 stages (14 KB each).
-struct CfgM16W : CfgM64W {
-  static constexpr const char* NAME = "m16w";
-  static constexpr int BLOCK_M = 16;
-  static constexpr int MIN_BLOCKS = 3;
-  static constexpr int XROWS = (BLOCK_M + 31) / 32;
-  static constexpr int stages(int) { return 4; }
-};
-struct CfgM16W4 : CfgM16W {
-  static constexpr const char* NAME = "m16w4";
-  static constexpr int MIN_BLOCKS = 4;
-  static constexpr int stages(int) { return 3; }
-};
-
 // 96 tokens per m-block, one block per SM (m144w's ring and registers; no spills): 61-80 tokens per
 // expert (the kernel table's bounds, dispatch.cu), where m64w takes a second m-block (and
 // dequantises again) for many experts and m144w pads to 144 columns.

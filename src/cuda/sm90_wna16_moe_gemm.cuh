@@ -419,10 +419,6 @@ WNA16_PREFILL_EXTERN_BITS(CfgM64W, 4)
 WNA16_PREFILL_EXTERN_BITS(CfgM64W, 8)
 WNA16_PREFILL_EXTERN_BITS(CfgM96W, 4)
 WNA16_PREFILL_EXTERN_BITS(CfgM96W, 8)
-WNA16_PREFILL_EXTERN_BITS(CfgM16W, 4)
-WNA16_PREFILL_EXTERN_BITS(CfgM16W, 8)
-WNA16_PREFILL_EXTERN_BITS(CfgM16W4, 4)
-WNA16_PREFILL_EXTERN_BITS(CfgM16W4, 8)
 WNA16_PREFILL_EXTERN_BITS(CfgM144W, 4)
 WNA16_PREFILL_EXTERN_BITS(CfgM144W, 8)
 #undef WNA16_PREFILL_EXTERN_BITS
@@ -468,8 +464,6 @@ int launch_bits(const KParams* kp, int config, DType act, int64_t upper_mblocks,
     case 3: return wgmma(CfgM32W{});
     case 4: return wgmma(CfgM64W{});
     case 5: return wgmma(CfgM96W{});
-    case 6: return wgmma(CfgM16W{});
-    case 7: return wgmma(CfgM16W4{});
     default: return wgmma(CfgM144W{});
   }
 }

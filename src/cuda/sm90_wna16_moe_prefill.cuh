@@ -215,16 +215,15 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   __shared__ float s_wt[BM];  // weighted sum: routing weight of each column
   __shared__ __align__(8) uint64_t s_full[STAGES];   // stage s's weights and scales have landed
   __shared__ __align__(8) uint64_t s_empty[STAGES];  // FREE: every thread is done reading stage s
-  // FREE: the item's copy sources and sizes, one per warp (its lane 0 writes and reads its own: no
-  // barrier orders them) and per item parity (the next item's are written while the current item's
-  // last fills may still read theirs); in registers they would crowd the k-loop's working set.
+  // FREE: the item's copy sources and sizes, read by the issuing lanes only (in registers they
+  // would crowd the k-loop's working set in every thread).
   struct FreeFill {
     const uint4* w;              // the block's weight tiles of chunk 0
     const uint32_t* meta[2];     // scales, zeros: the block's words of group 0
     uint32_t wbytes, mbytes;     // weight bytes per chunk, meta bytes per group slot
     int row0;                    // the m-block's first row in the token tensor map
   };
-  __shared__ FreeFill s_ff[2][C::THREADS / 32];
+  __shared__ FreeFill s_ff;
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t smem_base = smem_addr(smem);
 
@@ -271,46 +270,26 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   const uint32_t desc_lo0 = sw128_desc_lo(smem_base);
   const uint32_t zpair = TileMeta<T, BITS>::zero_pair(p.default_zero);  // FREE: without a zeros table
 
-  // FREE: lane 0 of each warp sets its copy of an item's fill sources (s_ff).
-  auto set_ff = [&](FreeFill& ff, const WorkItem& w) {
-    const int mbase = int(int64_t(w.expert) * p.meta_stride + int64_t(w.nb) * NTB * 8);
-    const int nt = min(NTB, p.NT - w.nb * NTB);
-    ff.w = p.qweight + int64_t(w.expert) * p.qw_stride + int64_t(w.nb) * NTB * U * 32;
-    ff.meta[0] = p.scales + mbase;
-    ff.meta[1] = p.zeros ? p.zeros + mbase : nullptr;
-    ff.wbytes = uint32_t(nt * U * 32 * 16);
-    ff.mbytes = uint32_t(nt * 8 * 4);
-    ff.row0 = w.mb * BM;
-  };
-  auto k_range = [&](const WorkItem& w, int& kc0, int& nk) {
-    kc0 = w.split * p.kc_per_split;
-    nk = min(p.KC, kc0 + p.kc_per_split) - kc0;
-  };
-  // FREE: whether the previous item issued this item's first fills (stages 0 .. PF - 1) before
-  // its epilogue, so that they land while it stores its tile (uniform across the block).
-  bool prefetched = false;
-  int ib = 0;  // the block's item count: the parity selects s_ff
-  for (int64_t item = blockIdx.x; item < total; item += gridDim.x, ++ib) {
+  for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
     const WorkItem it = decode_item(p, item, nb_count);
     const int split = it.split, nb = it.nb, mb = it.mb, expert = it.expert;
-    const int buf = ib & 1;
-    const bool was_prefetched = FREE && prefetched;
-    prefetched = false;
-    int kc0, nk;
-    k_range(it, kc0, nk);
     __syncthreads();  // the previous item is done with s_src / s_slot and every stage buffer
-    if (FREE && lane == 0 && expert >= 0 && !was_prefetched) set_ff(s_ff[buf][warp], it);
-    const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src, s_wt);
-    if (expert < 0 || nvalid == 0 || nk <= 0) {  // uniform across the block
-      if (was_prefetched) {  // consume the prefetched fills (the stages' parities run on)
-        for (int st = 0; st < min(PF, nk); ++st) {
-          mbar_wait_parity(full0 + 8 * st, (full_par >> st) & 1u);
-          full_par ^= 1u << st;
-          mbar_arrive(empty0 + 8 * st);
-        }
-      }
-      continue;
+    if (FREE && tid == 0 && expert >= 0) {
+      const int mbase = int(int64_t(expert) * p.meta_stride + int64_t(nb) * NTB * 8);
+      const int nt = min(NTB, p.NT - nb * NTB);
+      s_ff.w = p.qweight + int64_t(expert) * p.qw_stride + int64_t(nb) * NTB * U * 32;
+      s_ff.meta[0] = p.scales + mbase;
+      s_ff.meta[1] = p.zeros ? p.zeros + mbase : nullptr;
+      s_ff.wbytes = uint32_t(nt * U * 32 * 16);
+      s_ff.mbytes = uint32_t(nt * 8 * 4);
+      s_ff.row0 = mb * BM;
     }
+    const int nvalid = fill_row_tables<BM>(p, mb, tid, s_slot, s_src, s_wt);
+    if (expert < 0 || nvalid == 0) continue;  // uniform across the block
+    const int kc0 = split * p.kc_per_split;
+    const int kc_end = min(p.KC, kc0 + p.kc_per_split);
+    const int nk = kc_end - kc0;
+    if (nk <= 0) continue;
     const int ntiles = min(NTB, p.NT - nb * NTB);  // 16, or 8 in a last n-block (NT is a multiple of 8)
     const bool wg_active = wg * 8 < ntiles;        // uniform per warpgroup
 
@@ -384,27 +363,26 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
       // weights / token tile / scales / zeros (its wgmmas wait for the slowest warp: one thread
       // issuing all took 9-16% longer at 32-64 tokens per expert, 2026-12-02, H200) once every
       // thread has freed the stage's previous fill (s_empty).
-      auto fill = [&](auto fsc, int kc, int fb) {
+      auto fill = [&](auto fsc, int kc) {
         constexpr int fs = decltype(fsc)::value;
         if (wg == (fs & 1) && issuer) {
-          const FreeFill& ff = s_ff[fb][warp];
           const uint32_t bar = full0 + 8 * fs, sbase = smem_base + uint32_t(fs * S::kStage);
           mbar_wait_parity(empty0 + 8 * fs, ((fill_par >> fs) & 1u) ^ 1u);
           // The threads' reads of the stage (weights and scales by ld.shared: the generic proxy)
           // before this copy's writes (the async proxy).
           fence_proxy_async_smem();
           if (wq == 0) {
-            const uint32_t wb = ff.wbytes;
+            const uint32_t wb = s_ff.wbytes;
             mbar_arrive_expect_tx(bar, wb);
-            bulk_copy_g2s(sbase + S::kXBytes, ff.w + int64_t(kc) * (int64_t(p.NT) * U * 32), wb, bar);
+            bulk_copy_g2s(sbase + S::kXBytes, s_ff.w + int64_t(kc) * (int64_t(p.NT) * U * 32), wb, bar);
           } else if (wq == 1) {
             mbar_arrive_expect_tx(bar, uint32_t(BM * 128));
-            tma_tile_g2s(sbase, &x_map, kc * 64, ff.row0, bar);
+            tma_tile_g2s(sbase, &x_map, kc * 64, s_ff.row0, bar);
           } else {
             // Scales (wq 2) or zeros (wq 3) of the chunk's groups: per group slot, the block's
             // tiles x 8 contiguous words, one bulk copy each.
-            const uint32_t* src = ff.meta[wq - 2];
-            const uint32_t mb_ = ff.mbytes, dst0 = sbase + S::kXBytes + S::kWBytes + uint32_t((wq - 2) * S::kMetaBytes);
+            const uint32_t* src = s_ff.meta[wq - 2];
+            const uint32_t mb_ = s_ff.mbytes, dst0 = sbase + S::kXBytes + S::kWBytes + uint32_t((wq - 2) * S::kMetaBytes);
             const int mstride = p.NT * 8;
             auto grp_of = [&](int k) { return p.G == 1 ? 0 : (p.group_shift >= 0 ? k >> p.group_shift : k / p.group_len); };
             if (slot_mask == 0) {
@@ -420,26 +398,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
         }
         fill_par ^= 1u << fs;
       };
-      if (!was_prefetched) {
-        [&]<int... I>(std::integer_sequence<int, I...>) {
-          ((I < nk ? fill(std::integral_constant<int, I>{}, kc0 + I, buf) : void()), ...);
-        }(std::make_integer_sequence<int, PF>{});
-      }
-      // The next item's first fills, once this item's k-loop is done: they wait only for their
-      // stages' last readers, and land during this item's epilogue and the next one's set-up.
-      auto prefetch_next = [&] {
-        const int64_t next = item + gridDim.x;
-        if (next >= total) return;
-        const WorkItem nx = decode_item(p, next, nb_count);
-        int nkc0, nnk;
-        k_range(nx, nkc0, nnk);
-        if (nx.expert < 0 || nnk <= 0) return;
-        if (lane == 0) set_ff(s_ff[buf ^ 1][warp], nx);
-        [&]<int... I>(std::integer_sequence<int, I...>) {
-          ((I < nnk ? fill(std::integral_constant<int, I>{}, nkc0 + I, buf ^ 1) : void()), ...);
-        }(std::make_integer_sequence<int, PF>{});
-        prefetched = true;
-      };
+      [&]<int... I>(std::integer_sequence<int, I...>) {
+        ((I < nk ? fill(std::integral_constant<int, I>{}, kc0 + I) : void()), ...);
+      }(std::make_integer_sequence<int, PF>{});
       int kt = 0;
       // Chunk kt in stage st; false once the item has no chunk kt. A warpgroup without tiles in
       // the block (a last n-block of 8 tiles) reads nothing but frees each stage once it was
@@ -448,7 +409,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
         constexpr int st = decltype(stc)::value;
         constexpr bool active = decltype(activec)::value;
         if (kt >= nk) return false;
-        if (kt + PF < nk) fill(std::integral_constant<int, (st + PF) % STAGES>{}, kc0 + kt + PF, buf);
+        if (kt + PF < nk) fill(std::integral_constant<int, (st + PF) % STAGES>{}, kc0 + kt + PF);
         mbar_wait_parity(full0 + 8 * st, (full_par >> st) & 1u);  // the chunk's weights, tokens and scales
         full_par ^= 1u << st;
         if constexpr (!active) {
@@ -488,13 +449,11 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
       };
       if (!wg_active) {
         ring(std::false_type{});
-        prefetch_next();
         continue;  // no accumulators, no epilogue
       }
       ring(std::true_type{});
       wgmma_wait<0>();
       mbar_arrive(empty0 + 8 * ((nk - 1) % STAGES));  // the last chunk's stage
-      prefetch_next();
     } else {
       // ---- the k-loop with a block barrier per chunk: it orders the tokens' cp.async copies (if
       // any) and the stage refills (one thread issues every bulk copy) ----

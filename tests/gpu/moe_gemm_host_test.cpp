@@ -39,9 +39,9 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
   }
 }
 
-// The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 8.5 without
-// act-order (8 with it), the staged m32 kernel for act-order with its own gather up to 40 and m64
-// above; without it the wgmma kernel, m32w up to 28, m64w to 60, m96w to 80, m144w above.
+// The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 8.5 (10 on narrow
+// layers) without act-order (8 with it), the staged m32 kernel for act-order with its own gather up
+// to 40 and m64 above; without it the wgmma kernel, m32w up to 28, m64w to 60, m96w to 80, m144w above.
 TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
   const int m8 = config_named("m8"), m32 = config_named("m32"), m64 = config_named("m64"),
             m32w = config_named("m32w"), m64w = config_named("m64w"), m96w = config_named("m96w"),
@@ -53,6 +53,13 @@ TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
   EXPECT_EQ(choose_gemm_config(64, 2, 8, false), m32w);      // Mixtral: 16 per expert
   EXPECT_EQ(choose_gemm_config(512, 8, 256, false), m32w);   // DeepSeek-V3: 16 per expert
   EXPECT_EQ(choose_gemm_config(1024, 8, 256, false), m64w);  // DeepSeek-V3: 32 per expert
+  // Narrow layers (short weight rows) keep the decode kernel to 10 per expert; the portable path
+  // and act-order gathers keep their own bounds.
+  EXPECT_EQ(choose_gemm_config(160, 8, 128, false, false, true), m8);     // Qwen3-30B-A3B: 10 per expert
+  EXPECT_EQ(choose_gemm_config(160, 8, 128, false, false, false), m32w);  // the same tokens on a wide layer
+  EXPECT_EQ(choose_gemm_config(176, 8, 128, false, false, true), m32w);   // 11 per expert
+  EXPECT_EQ(choose_gemm_config(160, 8, 128, true, false, true), m32);     // act-order gather: 8
+  EXPECT_EQ(choose_gemm_config(512, 8, 128, false, true, true), m8);      // portable: to 40
   EXPECT_EQ(choose_gemm_config(64, 2, 8, true), m32);
   EXPECT_NE(choose_gemm_config(256, 2, 8, false), m8);   // Mixtral: 64 per expert
   // E = 1, top-1: tokens per expert = M.

@@ -31,7 +31,6 @@ struct ConfigRow {
   bool x_positions;          // GEMM1's x in m-block order (LayerPlan::x_positions)
   double max_plain, max_gather;
   double max_portable;       // plain GEMMs on the portable path (gathering ones keep max_gather)
-  double max_narrow;         // plain GEMMs with short weight rows (K x bits < 16384, decode_items_long false)
 };
 constexpr double kAny = 1e300, kNever = -1.0;
 constexpr ConfigRow kConfigs[] = {
@@ -41,29 +40,23 @@ constexpr ConfigRow kConfigs[] = {
     // 150 / 170); around the bound either way by 3-5% (8: Mixtral M=32 294 / 311, DeepSeek-V3
     // M=256 2303-2337 / 2236-2244; 8.5 Qwen1.5-MoE M=128 197 / 187; 9 DeepSeek-V2-Lite M=96 162 /
     // 170); 12 m32w faster (DeepSeek-V2-Lite M=128 197 / 174).
-    // Narrow layers (max_narrow: Qwen3-30B-A3B, Qwen1.5-MoE, DeepSeek-V2-Lite) up to 10 (10.2: M =
-    // 10 x E / topk reads a little above 10 per active expert), measured with the decode kernel of
-    // cf34dc0 (2026-12-03, H200, the build of aa78173, two rounds, us m8 / m32w): 9-10 per expert Qwen3 M=160 156 / 176, DeepSeek-V2-Lite M=96 147 / 174,
-    // Qwen1.5-MoE M=150 192 / 192; 11-12 either way (Qwen3 M=176 160 / 176, M=192 169 / 178,
-    // DeepSeek-V2-Lite M=117 174 / 176, M=128 178 / 176, Qwen1.5-MoE M=165 222 / 201). Wide layers
-    // keep 8.5: 8 per expert Mixtral M=32 271 / 314, DeepSeek-V3 M=256 2231-2248 / 2459; 10 Mixtral
-    // M=40 334 / 317, DeepSeek-V3 M=320 2687 / 2452-2539.
+    // Narrow layers keep it further while its m-blocks stay few (kNarrowDecodeBlockRatio below).
     // With its own act-order gather (the staged kernels' perm path) up to 8 (one m-block per
     // expert).
     // On the portable path (no wgmma rows) plain GEMMs keep it up to 40 per expert: beyond 8 an
     // expert's m-blocks stream the same weights through L2, which measured faster than the staged
     // m32 kernel (H200, 3866c77: DeepSeek-V3 M=256 6380 -> 2684 us).
-    {"m8", false, gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, false, 8.5, 8.0, 40.0, 10.2},
+    {"m8", false, gemm::CfgM8::BLOCK_M, gemm::CfgM8::BLOCK_N, true, false, false, 8.5, 8.0, 40.0},
     // Staged kernel, 32-token blocks: act-order layers that keep their own gather, 9-40 per expert.
-    {"m32", false, gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N, true, false, false, kNever, 40.0, kNever, kNever},
+    {"m32", false, gemm::CfgM32::BLOCK_M, gemm::CfgM32::BLOCK_N, true, false, false, kNever, 40.0, kNever},
     // Staged kernel, 64-token blocks: act-order with its own gather above 40 per expert.
-    {"m64", false, gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, false, kNever, kAny, kAny, kNever},
+    {"m64", false, gemm::CfgM64::BLOCK_M, gemm::CfgM64::BLOCK_N, true, false, false, kNever, kAny, kAny},
     // The wgmma kernel with 32-token blocks, three per SM: 8.5-28 per expert (CfgM32W). Against m64w
     // (2026-12-02, H200, us m32w / m64w): 16 per expert Mixtral M=64 326 / 415, Qwen3-30B-A3B M=256
     // 177 / 214, DeepSeek-V3 M=512 2540-2622 / 3288-3352; 17 Qwen1.5-MoE M=256 213 / 240; 24
     // DeepSeek-V2-Lite M=256 201 / 223; 32 m64w faster (Mixtral M=128 571 / 487: half the experts
     // need a second 32-token block). No act-order gather.
-    {"m32w", true, gemm::CfgM32W::BLOCK_M, gemm::CfgM32W::BLOCK_N, false, true, gemm::CfgM32W::BARRIER_FREE, 28.0, kNever, kNever, 28.0},
+    {"m32w", true, gemm::CfgM32W::BLOCK_M, gemm::CfgM32W::BLOCK_N, false, true, gemm::CfgM32W::BARRIER_FREE, 28.0, kNever, kNever},
     // The wgmma kernel with 64-token blocks, two per SM: 28-60 per expert. Against the staged m64
     // and m144w (2026-12-02, 14fd75e, us m64 / m64w / m144w): DeepSeek-V3 M=1024 (32 per expert)
     // 5651 / 5064 / 6998, Mixtral M=128 (32) 772 / 766 / 903, Qwen3-30B-A3B M=512 (32) 348 / 326 /
@@ -76,7 +69,7 @@ constexpr ConfigRow kConfigs[] = {
     // 232d1cf, two rounds, us m64w / m144w) 64 per expert Qwen3-30B-A3B M=1024 341-345 / 385, DeepSeek-V3
     // M=2048 5483-5511 / 5824-5874, Mixtral M=256 728 / 712-722; 68 Qwen1.5-MoE M=1024 457-472 / 472-474.
     // Up to 60 since m96w (below).
-    {"m64w", true, gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 60.0, kNever, kNever, 60.0},
+    {"m64w", true, gemm::CfgM64W::BLOCK_M, gemm::CfgM64W::BLOCK_N, false, true, gemm::CfgM64W::BARRIER_FREE, 60.0, kNever, kNever},
     // The wgmma kernel with 96-token blocks (one per SM, m144w's ring): above 60 to 80 per expert, where m64w
     // takes a second m-block (and dequantises the expert's weights again) for a good part of the
     // experts and m144w pads to 144 columns. 2026-12-03, H200, two rounds, us m64w / m96w / m144w: 64
@@ -86,15 +79,30 @@ constexpr ConfigRow kConfigs[] = {
     // Qwen3 M=1280 444-446 / 378 / 400-401, DeepSeek-V3 M=2560 6458-6550 / 6350-6356 / 6263-6269; 85
     // Qwen1.5 M=1280 504-505 / 541-543 / 505-507; 96 DeepSeek-V2-Lite M=1024 432 / 497-500 / 436-438,
     // Mixtral M=384 687-691 / 873-895 / 668-669. No act-order gather.
-    {"m96w", true, gemm::CfgM96W::BLOCK_M, gemm::CfgM96W::BLOCK_N, false, true, gemm::CfgM96W::BARRIER_FREE, 80.0, kNever, kNever, 80.0},
+    {"m96w", true, gemm::CfgM96W::BLOCK_M, gemm::CfgM96W::BLOCK_N, false, true, gemm::CfgM96W::BARRIER_FREE, 80.0, kNever, kNever},
     // The wgmma kernel with 144-token blocks (one per SM) above 80 per expert, where m64w dequantises
     // the weights for two or three m-blocks (the same runs, us m64w / m144w): 96 per expert
     // DeepSeek-V2-Lite M=1024 450-452 / 424-425; 128 DeepSeek-V3 M=4096 9070-9332 / 8164-8397, Mixtral
     // M=512 1121-1132 / 899; 136 Qwen1.5-MoE M=2048 815-824 / 712-721; 192 DeepSeek-V2-Lite M=2048
     // 784-785 / 785-794; 256 Qwen3-30B-A3B M=4096 960 / 865 (2026-12-02). No act-order gather.
-    {"m144w", true, gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever, kNever, kAny},
+    {"m144w", true, gemm::CfgM144W::BLOCK_M, gemm::CfgM144W::BLOCK_N, false, true, gemm::CfgM144W::BARRIER_FREE, kAny, kNever, kNever},
 };
 constexpr int kNumConfigs = int(sizeof(kConfigs) / sizeof(kConfigs[0]));
+constexpr int kRowM8 = 0;
+static_assert(kConfigs[kRowM8].block_m == gemm::CfgM8::BLOCK_M && !kConfigs[kRowM8].hopper, "the decode kernel's row");
+
+// Narrow layers (GEMM1's weight rows short: K x bits < 16384, not decode_items_long) keep the
+// decode kernel beyond its row's bound while its expected 8-token m-blocks, routed and shared
+// slices, are at most this many times the 32-token ones of m32w (expected_mblocks). Measured
+// with the decode kernel of cf34dc0 (2026-12-03, H200, the builds of aa78173 and 8fa9759, two
+// rounds each, us m8 / m32w, the ratio in brackets): faster to 2.04 (Qwen3-30B-A3B M=144 [1.56]
+// 146 / 174, M=160 [1.70] 156 / 177, M=192 [1.95] 169 / 178; DeepSeek-V2-Lite M=96 [1.77] 148 /
+// 172, M=107 [1.90] 162-165 / 174, M=117 [2.04] 174 / 176; Qwen1.5-MoE M=128 [2.02] 183 / 188),
+// slower from 2.18 (DeepSeek-V2-Lite M=128 [2.18] 178 / 176, M=160 [2.54] 217 / 191; Qwen1.5-MoE
+// M=150 [2.22] 192-198 / 191-192, M=165 [2.31] 222 / 201: its four shared slices take every
+// token, 8 at a time). Wide layers lose from less (Mixtral M=40 [1.71] 334 / 317, DeepSeek-V3
+// M=320 [1.78] 2687 / 2452-2539) and keep the row's bound.
+constexpr double kNarrowDecodeBlockRatio = 2.1;
 static_assert(kConfigs[2].max_gather >= kAny && kConfigs[2].max_portable >= kAny && kConfigs[kNumConfigs - 1].max_plain >= kAny,
               "m64 takes every act-order and every portable call, m144w every plain one, that rows before do not");
 
@@ -122,7 +130,7 @@ bool gemm_config_hopper(int config) { return row(config).hopper; }
 bool gemm_config_x_positions(int config) { return row(config).x_positions; }
 const char* gemm_config_name(int config) { return kConfigs[std::clamp(config, 0, kNumConfigs - 1)].name; }
 
-int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather, bool portable, bool narrow) {
+int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather, bool portable, int64_t narrow_shared) {
   // Expected number of routed experts that receive a token under uniform routing, and tokens per
   // such expert: the MMA's token width should match it (padding is wasted MMA work and registers).
   const double p = std::min(1.0, double(topk) / double(E));
@@ -131,7 +139,12 @@ int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather, b
   for (int c = 0; c < kNumConfigs; ++c) {
     const ConfigRow& r = kConfigs[c];
     if (portable && r.hopper) continue;
-    if (per_expert <= (staged_gather ? r.max_gather : portable ? r.max_portable : narrow ? r.max_narrow : r.max_plain)) return c;
+    if (per_expert <= (staged_gather ? r.max_gather : portable ? r.max_portable : r.max_plain)) return c;
+    if (c == kRowM8 && narrow_shared >= 0 && !staged_gather && !portable && M >= 1 && topk >= 1 && E >= 1) {
+      const double S = double(narrow_shared);
+      auto blocks = [&](int64_t bm) { return expected_mblocks(M, topk, E, bm) + S * double((M + bm - 1) / bm); };
+      if (blocks(gemm::CfgM8::BLOCK_M) <= kNarrowDecodeBlockRatio * blocks(gemm::CfgM32W::BLOCK_M)) return c;
+    }
   }
   return staged_gather || portable ? 2 : kNumConfigs - 1;  // unreachable: m64 / m144w take every call the rows before do not
 }
@@ -174,7 +187,7 @@ LayerPlan plan_layer_call(const LayerShape& s, int64_t M, DType act) {
   const DeviceGemm& g1 = *s.g1;
   p.gather = layer_gathers(s, M);
   const bool staged_gather = (g1.perm && !p.gather) || g1.perm_up;
-  p.config = choose_gemm_config(M, s.k, s.E, staged_gather, portable_path(), !decode_items_long(g1));
+  p.config = choose_gemm_config(M, s.k, s.E, staged_gather, portable_path(), decode_items_long(g1) ? -1 : s.S);
   // Distinct gate and up act-order orders keep two x copies per stage: int8 m64 needs 112 KB, above
   // the 99 KB per block of sm_86 / sm_89; m32 (76 KB) runs those calls there.
   if (g1.perm_up && g1.bits == 8 && p.config == 2 &&

@@ -32,10 +32,11 @@ const char* gemm_config_name(int config);
 // not counted). staged_gather: the GEMM gathers x through its own perm (the configs without that
 // gather are never chosen then). portable: the portable path's rows only (the mma.sync ones: m8 up
 // to 40 per expert and m64 above for plain GEMMs, the act-order bounds for gathering ones); the
-// layer passes portable_path(). narrow: GEMM1's weight rows are short (K x bits < 16384, i.e. not
-// decode_items_long), where the decode kernel keeps its lead to more tokens per expert.
+// layer passes portable_path(). narrow_shared >= 0: GEMM1's weight rows are short (K x bits < 16384,
+// not decode_items_long), with that many shared slices; there the decode kernel runs while its
+// m-blocks stay few (dispatch.cu, kNarrowDecodeBlockRatio). -1: a wide layer.
 int choose_gemm_config(int64_t M, int64_t topk, int64_t E, bool staged_gather, bool portable = false,
-                       bool narrow = false);
+                       int64_t narrow_shared = -1);
 // Measurement hook of the benchmarks (`wna16 bench --config NAME`, the timing smoke), never set by
 // the library itself: every layer call runs this row instead of the table's choice, where the row
 // can run the call (a row without the act-order gather is refused for a GEMM that needs it, naming

@@ -39,9 +39,10 @@ TEST(MoeGemm, PrefillRefusesActOrder) {
   }
 }
 
-// The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 8.5 (10 on narrow
-// layers) without act-order (8 with it), the staged m32 kernel for act-order with its own gather up
-// to 40 and m64 above; without it the wgmma kernel, m32w up to 28, m64w to 60, m96w to 80, m144w above.
+// The kernel table by tokens per expert (host-only): the decode kernel (m8) up to 8.5 without
+// act-order (8 with it; narrow layers further, by m-block count), the staged m32 kernel for
+// act-order with its own gather up to 40 and m64 above; without it the wgmma kernel, m32w up to
+// 28, m64w to 60, m96w to 80, m144w above.
 TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
   const int m8 = config_named("m8"), m32 = config_named("m32"), m64 = config_named("m64"),
             m32w = config_named("m32w"), m64w = config_named("m64w"), m96w = config_named("m96w"),
@@ -53,13 +54,17 @@ TEST(MoeGemm, ChoosesTheKernelTableRowByTokensPerExpert) {
   EXPECT_EQ(choose_gemm_config(64, 2, 8, false), m32w);      // Mixtral: 16 per expert
   EXPECT_EQ(choose_gemm_config(512, 8, 256, false), m32w);   // DeepSeek-V3: 16 per expert
   EXPECT_EQ(choose_gemm_config(1024, 8, 256, false), m64w);  // DeepSeek-V3: 32 per expert
-  // Narrow layers (short weight rows) keep the decode kernel to 10 per expert; the portable path
-  // and act-order gathers keep their own bounds.
-  EXPECT_EQ(choose_gemm_config(160, 8, 128, false, false, true), m8);     // Qwen3-30B-A3B: 10 per expert
-  EXPECT_EQ(choose_gemm_config(160, 8, 128, false, false, false), m32w);  // the same tokens on a wide layer
-  EXPECT_EQ(choose_gemm_config(176, 8, 128, false, false, true), m32w);   // 11 per expert
-  EXPECT_EQ(choose_gemm_config(160, 8, 128, true, false, true), m32);     // act-order gather: 8
-  EXPECT_EQ(choose_gemm_config(512, 8, 128, false, true, true), m8);      // portable: to 40
+  // Narrow layers (short weight rows, their shared slices given) keep the decode kernel while its
+  // expected m-blocks are at most 2.1 times m32w's; act-order gathers and the portable path keep
+  // their own bounds.
+  EXPECT_EQ(choose_gemm_config(160, 8, 128, false, false, 0), m8);     // Qwen3-30B-A3B: 10 per expert, 1.70
+  EXPECT_EQ(choose_gemm_config(160, 8, 128, false, false, -1), m32w);  // the same tokens on a wide layer
+  EXPECT_EQ(choose_gemm_config(256, 8, 128, false, false, 0), m32w);   // 16 per expert, 2.43
+  EXPECT_EQ(choose_gemm_config(107, 6, 64, false, false, 2), m8);      // DeepSeek-V2-Lite: 10 per expert, 1.90
+  EXPECT_EQ(choose_gemm_config(128, 6, 64, false, false, 2), m32w);    // 12 per expert, 2.18
+  EXPECT_EQ(choose_gemm_config(150, 4, 60, false, false, 4), m32w);    // Qwen1.5-MoE: 10 per expert, 2.22
+  EXPECT_EQ(choose_gemm_config(160, 8, 128, true, false, 0), m32);     // act-order gather: to 8
+  EXPECT_EQ(choose_gemm_config(512, 8, 128, false, true, 0), m8);      // portable: to 40
   EXPECT_EQ(choose_gemm_config(64, 2, 8, true), m32);
   EXPECT_NE(choose_gemm_config(256, 2, 8, false), m8);   // Mixtral: 64 per expert
   // E = 1, top-1: tokens per expert = M.

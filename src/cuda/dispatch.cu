@@ -95,9 +95,10 @@ static_assert(kConfigs[kRowM8].block_m == gemm::CfgM8::BLOCK_M && !kConfigs[kRow
 // decode kernel beyond its row's bound while its expected 8-token m-blocks, routed and shared
 // slices, are at most this many times the 32-token ones of m32w (expected_mblocks). Measured
 // with the decode kernel of cf34dc0 (2026-12-03, H200, the builds of aa78173 and 8fa9759, two
-// rounds each, us m8 / m32w, the ratio in brackets): faster to 2.04 (Qwen3-30B-A3B M=144 [1.56]
-// 146 / 174, M=160 [1.70] 156 / 177, M=192 [1.95] 169 / 178; DeepSeek-V2-Lite M=96 [1.77] 148 /
-// 172, M=107 [1.90] 162-165 / 174, M=117 [2.04] 174 / 176; Qwen1.5-MoE M=128 [2.02] 183 / 188),
+// rounds each, us m8 / m32w, the ratio in brackets): faster or level to 2.04 (Qwen3-30B-A3B
+// M=144 [1.56] 146 / 174, M=160 [1.70] 156 / 177, M=176 [1.83] 160-177 / 176-178, M=192 [1.95]
+// 169 / 178; DeepSeek-V2-Lite M=96 [1.77] 148 / 172, M=107 [1.90] 162-165 / 174, M=117 [2.04]
+// 174 / 176; Qwen1.5-MoE M=128 [2.02] 183 / 188),
 // slower from 2.18 (DeepSeek-V2-Lite M=128 [2.18] 178 / 176, M=160 [2.54] 217 / 191; Qwen1.5-MoE
 // M=150 [2.22] 192-198 / 191-192, M=165 [2.31] 222 / 201: its four shared slices take every
 // token, 8 at a time). Wide layers lose from less (Mixtral M=40 [1.71] 334 / 317, DeepSeek-V3

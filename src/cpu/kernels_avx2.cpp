@@ -34,7 +34,7 @@ namespace {
 // Qwen3-30B-A3B, -23% DeepSeek-V2-Lite, faster in 4 of 4 alternating runs; one linear from DRAM
 // 1.28x, 11 of 12). One token's prefetches are spread over its steps, a pass's own lines each
 // step: issued 32 at a time at an activation block's start they held up the arithmetic behind
-// the core's outstanding misses (Zen 3, 2026-12-03: one linear from DRAM 53-58% -> 72-75% of
+// the core's outstanding misses (Zen 3, 2026-12-03: one linear from DRAM 50-59% -> 68-80% of
 // the adjacent read probe). Several tokens' rows keep L2 and the block-start burst (their passes
 // reuse 2 KiB of codes from L1; L1 prefetches there were not measured apart from the host's
 // noise). May change speed, never results.

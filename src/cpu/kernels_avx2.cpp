@@ -32,8 +32,12 @@ namespace {
 // token's rows prefetch into L1 (T0), not L2: that kernel's arithmetic takes about as long as its
 // stream, and with L2 prefetches the two did not overlap (Zen 5, 2 vCPUs, 2026-12-02: M=1 -8%
 // Qwen3-30B-A3B, -23% DeepSeek-V2-Lite, faster in 4 of 4 alternating runs; one linear from DRAM
-// 1.28x, 11 of 12). Several tokens' rows keep L2 (their passes reuse 2 KiB of codes from L1; L1
-// prefetches there were not measured apart from the host's noise). May change speed, never results.
+// 1.28x, 11 of 12). One token's prefetches are spread over its steps, a pass's own lines each
+// step: issued 32 at a time at an activation block's start they held up the arithmetic behind
+// the core's outstanding misses (Zen 3, 2026-12-03: one linear from DRAM 50-59% -> 68-80% of
+// the adjacent read probe). Several tokens' rows keep L2 and the block-start burst (their passes
+// reuse 2 KiB of codes from L1; L1 prefetches there were not measured apart from the host's
+// noise). May change speed, never results.
 constexpr int kPrefetchBytes = 8192;
 constexpr int kGroups8 = kBlockN / 8;  // 8-column groups (one ymm of int32 / fp32 lanes) per block
 
@@ -102,10 +106,10 @@ void gemm_i8(const BlockView& v, const XRow* rows, float* out) {
       for (int g = 0; g < kGroups8; ++g) gacc[t][g] = _mm256_setzero_ps();
     for (int64_t xb = v.group_xblock[gi]; xb < v.group_xblock[gi + 1]; ++xb) {
       const int64_t k0 = v.xblock_kstart[xb], steps = v.xblock_len[xb] / kStepK;
-      for (int64_t s = 0; s < steps; ++s)
-        for (int l = 0; l < 4; ++l)
-          _mm_prefetch(reinterpret_cast<const char*>(p + s * v.step_bytes) + kPrefetchBytes + 64 * l,
-                       MR == 1 ? _MM_HINT_T0 : _MM_HINT_T1);
+      if constexpr (MR > 1)
+        for (int64_t s = 0; s < steps; ++s)
+          for (int l = 0; l < 4; ++l)
+            _mm_prefetch(reinterpret_cast<const char*>(p + s * v.step_bytes) + kPrefetchBytes + 64 * l, _MM_HINT_T1);
       for (int g0 = 0; g0 < kGroups8; g0 += NC) {
         __m256i acc[MR][TERMS][NC];
         for (int t = 0; t < MR; ++t)
@@ -120,6 +124,9 @@ void gemm_i8(const BlockView& v, const XRow* rows, float* out) {
           for (int64_t s = s0; s < s1; ++s) {
             const int64_t k = k0 + s * kStepK;
             const uint8_t* ps = p + s * v.step_bytes;
+            if constexpr (MR == 1)  // this pass's lines of the step, kPrefetchBytes ahead
+              for (int l = 0; l < NC / 2; ++l)
+                _mm_prefetch(reinterpret_cast<const char*>(ps + 32 * g0 + 64 * l) + kPrefetchBytes, _MM_HINT_T0);
             if constexpr (MR == 1 && TERMS == 2 && NC == 4) {
               one_token_step(ps + 32 * g0, rows[0].q[0] + k, rows[0].q[1] + k, low4, a16[0]);
               continue;

@@ -27,6 +27,11 @@ Device default_device();
 // path without a CUDA build throws Error.
 void use_cuda_portable_path(bool on);
 const char* cuda_path_name();
+// The usable GPUs (0 without a CUDA build or GPU), and the calling thread's GPU: CUDA layers are
+// built and run on the thread's current GPU. set_cuda_device throws Error naming an ordinal
+// outside [0, cuda_device_count()).
+int cuda_device_count();
+void set_cuda_device(int ordinal);
 
 class MoeBackendLayer {
  public:

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace wna16 {
@@ -43,21 +44,35 @@ std::vector<int64_t> exchange_counts(Communicator& comm, const std::vector<int64
 // All-to-all of byte vectors: send[p] goes to peer p; returns what each peer sent here, by peer.
 std::vector<std::vector<uint8_t>> exchange_bytes(Communicator& comm, const std::vector<std::vector<uint8_t>>& send);
 
-// A world of `size` ranks inside this process, one thread per rank per run().
-class InProcessWorld {
+// The ranks of a world run a function together, one thread per rank per run().
+class World {
  public:
-  explicit InProcessWorld(int size);  // 1 <= size <= 1024, else Error naming it
-  ~InProcessWorld();
-  InProcessWorld(const InProcessWorld&) = delete;
-  InProcessWorld& operator=(const InProcessWorld&) = delete;
-
-  int size() const;
+  virtual ~World() = default;
+  virtual int size() const = 0;
   // Calls fn(communicator of rank r) on one thread per rank and returns when all have returned.
   // When a rank throws, the collectives the others are waiting in (or enter later) throw too, so
   // no rank hangs; the failure of the lowest failing rank is then rethrown here, prefixed with
   // "rank R: ", and the world stays failed (every later run() throws).
   // Communicators made by split() inside fn stay valid for later runs of the same world.
-  void run(const std::function<void(Communicator&)>& fn);
+  virtual void run(const std::function<void(Communicator&)>& fn) = 0;
+};
+
+// Which communicator a sharded layer runs over: threads exchanging host memory, or NCCL between
+// GPUs (one per rank).
+enum class CommKind { InProcess, Nccl };
+CommKind parse_comm_kind(const std::string& s);  // "inprocess" | "nccl"; throws Error naming s
+const char* comm_kind_name(CommKind k);
+
+// A world of `size` ranks inside this process, one thread per rank per run().
+class InProcessWorld final : public World {
+ public:
+  explicit InProcessWorld(int size);  // 1 <= size <= 1024, else Error naming it
+  ~InProcessWorld() override;
+  InProcessWorld(const InProcessWorld&) = delete;
+  InProcessWorld& operator=(const InProcessWorld&) = delete;
+
+  int size() const override;
+  void run(const std::function<void(Communicator&)>& fn) override;
 
   struct State;  // shared by the world's communicators (and those split from them)
 
@@ -65,5 +80,13 @@ class InProcessWorld {
   std::shared_ptr<State> state_;
   std::vector<std::unique_ptr<Communicator>> ranks_;
 };
+
+// A world of `size` ranks over NCCL in this process: rank r on GPU r (size <= the GPUs present),
+// one thread per rank per run(). The communicators take host buffers like the in-process ones and
+// stage them through the rank's GPU (a copy in, the NCCL call on a stream of its own, a copy out);
+// all_reduce_sum adds in NCCL's order (the same bits on every rank). libnccl.so.2 is loaded at the
+// first call (Error when it is not found, or when this build has no CUDA backend). A failing rank
+// aborts every communicator of the world, so the others' waits end in an Error, not a hang.
+std::unique_ptr<World> make_nccl_world(int size);
 
 }  // namespace wna16

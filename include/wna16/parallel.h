@@ -129,17 +129,20 @@ class ShardedMoeLayer {
   virtual const CommStats& last_stats() const = 0;
 };
 
-// The CPU backend's sharded layer for rank world.rank(); world.size() must equal plan.world().
-// Collective (splits the world into tp and ep communicators).
-std::unique_ptr<ShardedMoeLayer> make_sharded_cpu_layer(const ParallelPlan& plan, const MoeLayerSpec& spec,
-                                                        const MoeLayerWeights& full, Communicator& world);
+// The sharded layer of rank world.rank(), its experts on `device` (CUDA: the calling thread's
+// current GPU); world.size() must equal plan.world(). Collective (splits the world into tp and ep
+// communicators). The communicator's buffers are host memory (comm.h).
+std::unique_ptr<ShardedMoeLayer> make_sharded_layer(Device device, const ParallelPlan& plan, const MoeLayerSpec& spec,
+                                                    const MoeLayerWeights& full, Communicator& world);
 
-// Every rank of a plan inside this process, one thread per rank over InProcessWorld, behind
-// MoeBackendLayer: forward_host splits the batch over the expert groups (token_range), runs all
-// ranks and gathers the outputs (checking that the tp ranks of each group agree bit for bit).
-// What `wna16 verify --tp --ep`, `wna16 run --tp --ep` and the tests run. Device::Cuda is refused
-// until the NCCL communicator and the CUDA sharded layer exist.
-std::unique_ptr<MoeBackendLayer> make_in_process_sharded_layer(Device device, const ParallelPlan& plan,
-                                                               const MoeLayerSpec& spec, const MoeLayerWeights& full);
+// Every rank of a plan inside this process, one thread per rank over a World of `comm`'s kind
+// (comm.h: in-process, or NCCL with one GPU per rank), behind MoeBackendLayer: forward_host splits
+// the batch over the expert groups (token_range), runs all ranks and gathers the outputs (checking
+// that the tp ranks of each group agree bit for bit). On CUDA rank r runs on GPU r % (the GPUs
+// present), so every plan also runs on one GPU. What `wna16 verify|run|bench --tp --ep [--comm]`
+// and the tests run.
+std::unique_ptr<MoeBackendLayer> make_threaded_sharded_layer(Device device, const ParallelPlan& plan,
+                                                             const MoeLayerSpec& spec, const MoeLayerWeights& full,
+                                                             CommKind comm = CommKind::InProcess);
 
 }  // namespace wna16

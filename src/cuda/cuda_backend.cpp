@@ -117,6 +117,22 @@ int current_gpu_cc() {
 bool cuda_available() { return current_gpu_cc() >= 80; }
 
 void use_cuda_portable_path(bool on) { cuda::force_portable_path(on); }
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void set_cuda_device(int ordinal) {
+  const int n = cuda_device_count();
+  if (ordinal < 0 || ordinal >= n)
+    throw Error(fmt::format("GPU ordinal {} is out of range ({} GPUs present)", ordinal, n));
+  WNA16_CUDA_CHECK(cudaSetDevice(ordinal));
+}
 const char* cuda_path_name() { return cuda_available() ? cuda::gpu_path_name() : "none"; }
 
 std::unique_ptr<MoeBackendLayer> make_cuda_layer(const MoeLayerSpec& spec, const MoeLayerWeights& w) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "wna16/error.h"
 
@@ -25,26 +26,37 @@ LayerPackShape plan_layer_shape(const MoeLayerSpec& s,
   if (p.H % 64 != 0) throw Error(fmt::format("hidden H={} is not a multiple of 64 (the kernel's k chunk)", p.H));
   if (p.I % 64 != 0) throw Error(fmt::format("expert width I={} is not a multiple of 64 (the kernel's k chunk)", p.I));
   if (schemes.empty()) throw Error("the layer has no quantized linears");
-  // One scheme for every linear (the kernels are compiled per bit width; one group length per GEMM).
+  // One bit width for every linear (the kernels are compiled per bit width) and one group length
+  // per GEMM: gate/up share GEMM1's, down has GEMM2's. They may differ: a tensor-parallel shard
+  // whose down rows were cut inside a group has shorter down groups (slice_group_len, parallel.h).
   const QuantScheme& sch = schemes.front().second;
   p.bits = sch.bits;
   if (p.bits != 4 && p.bits != 8)
     throw Error(fmt::format("bits={} is not supported by the CUDA backend (4 or 8)", p.bits));
+  const auto is_down = [](const std::string& what) { return what.size() >= 4 && what.compare(what.size() - 4, 4, "down") == 0; };
+  std::optional<int> gs_of[2];  // [0]: gate/up (GEMM1), [1]: down (GEMM2)
   for (const auto& [what, q] : schemes) {
     if (q.bits != p.bits)
       throw Error(fmt::format("{}: bits={} differs from the layer's bits={}", what, q.bits, p.bits));
-    if (q.group_size != sch.group_size)
-      throw Error(fmt::format("{}: group_size={} differs from the layer's group_size={}", what, q.group_size,
-                              sch.group_size));
+    const int gemm = is_down(what) ? 1 : 0;
+    if (!gs_of[gemm]) gs_of[gemm] = q.group_size;
+    if (q.group_size != *gs_of[gemm])
+      throw Error(fmt::format("{}: group_size={} differs from the layer's {} group_size={}", what, q.group_size,
+                              gemm ? "down" : "gate/up", *gs_of[gemm]));
     if (!q.sym) p.has_zeros = true;
   }
-  const int gs = sch.group_size;
-  if (gs != -1 && (gs % 16 != 0))
-    throw Error(fmt::format("group_size={} is not supported (a multiple of 16, or -1)", gs));
-  if (gs != -1 && p.I % gs != 0)
-    throw Error(fmt::format("expert width I={} is not a multiple of group_size={}", p.I, gs));
-  p.gl1 = gs == -1 ? p.H : gs;
-  p.gl2 = gs == -1 ? p.I : gs;
+  for (int gemm = 0; gemm < 2; ++gemm) {
+    const int gs = gs_of[gemm].value_or(-1);
+    if (gs != -1 && (gs % 16 != 0))
+      throw Error(fmt::format("{} group_size={} is not supported (a multiple of 16, or -1)", gemm ? "down" : "gate/up", gs));
+  }
+  const int gs1 = gs_of[0].value_or(-1), gs2 = gs_of[1].value_or(-1);
+  if (gs1 != -1 && p.H % gs1 != 0)
+    throw Error(fmt::format("hidden H={} is not a multiple of the gate/up group_size={}", p.H, gs1));
+  if (gs2 != -1 && p.I % gs2 != 0)
+    throw Error(fmt::format("expert width I={} is not a multiple of group_size={}", p.I, gs2));
+  p.gl1 = gs1 == -1 ? p.H : gs1;
+  p.gl2 = gs2 == -1 ? p.I : gs2;
   p.g1.init(p.bits, 0, p.H, 2 * p.I, p.gl1, p.has_zeros);
   p.g2.init(p.bits, 0, p.I, p.H, p.gl2, p.has_zeros);
   return p;

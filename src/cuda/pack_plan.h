@@ -15,8 +15,9 @@
 
 namespace wna16::cuda {
 
-// The packed layer's shape, decided from the spec and the linears' schemes (all must share bits
-// and group size). Kernel experts: the S shared slices first, then the E routed experts.
+// The packed layer's shape, decided from the spec and the linears' schemes (all must share bits;
+// gate/up one group size, down one, possibly another). Kernel experts: the S shared slices first,
+// then the E routed experts.
 struct LayerPackShape {
   int bits = 4;
   bool has_zeros = false;  // some linear is asym: every kernel expert gets a zeros table
@@ -28,7 +29,7 @@ struct LayerPackShape {
 };
 
 // Throws Error naming the value the CUDA kernels cannot take (bits, group size, widths, counts).
-// schemes: every linear's (name, scheme), e.g. ("expert 3 gate", ...).
+// schemes: every linear's (name, scheme), e.g. ("expert 3 gate", ...); names end in gate, up or down.
 LayerPackShape plan_layer_shape(const MoeLayerSpec& spec,
                                 const std::vector<std::pair<std::string, QuantScheme>>& schemes);
 

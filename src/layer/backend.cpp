@@ -1,6 +1,8 @@
 // Backend dispatch: picks the CPU or CUDA implementation of a MoE layer.
 #include "wna16/backend.h"
 
+#include <string>
+
 #include "wna16/error.h"
 
 namespace wna16 {
@@ -36,6 +38,10 @@ void use_cuda_portable_path(bool on) {
   if (on) throw Error("the portable CUDA path: this build of wna16 has no CUDA backend");
 }
 const char* cuda_path_name() { return "none"; }
+int cuda_device_count() { return 0; }
+void set_cuda_device(int ordinal) {
+  throw Error("GPU ordinal " + std::to_string(ordinal) + ": this build of wna16 has no CUDA backend");
+}
 std::unique_ptr<MoeBackendLayer> make_cuda_layer(const MoeLayerSpec&, const MoeLayerWeights&) {
   throw Error("this build of wna16 has no CUDA backend (nvcc was not found at configure time); use --device cpu");
 }

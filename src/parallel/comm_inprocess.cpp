@@ -14,15 +14,11 @@
 
 #include "wna16/comm.h"
 #include "wna16/error.h"
+#include "parallel/rank_threads.h"
 
 namespace wna16 {
 
 namespace {
-
-// Thrown in the ranks that were waiting when another rank failed; run() reports the original.
-struct PeerFailed : Error {
-  PeerFailed() : Error("in-process communicator: another rank failed") {}
-};
 
 struct Group;
 
@@ -64,7 +60,7 @@ struct Group {
 
   void barrier() {
     std::unique_lock<std::mutex> lock(mu);
-    if (world->failed) throw PeerFailed();
+    if (world->failed) throw PeerFailed("in-process communicator");
     const uint64_t gen = generation;
     if (++arrived == size) {
       arrived = 0;
@@ -73,7 +69,7 @@ struct Group {
       return;
     }
     cv.wait(lock, [&] { return generation != gen || world->failed; });
-    if (generation == gen) throw PeerFailed();
+    if (generation == gen) throw PeerFailed("in-process communicator");
   }
 };
 
@@ -188,33 +184,37 @@ int InProcessWorld::size() const { return int(ranks_.size()); }
 
 void InProcessWorld::run(const std::function<void(Communicator&)>& fn) {
   if (state_->failed) throw Error("in-process world: a rank failed in an earlier run; the world cannot be reused");
-  std::vector<std::exception_ptr> errors(ranks_.size());
-  auto body = [&](size_t r) {
+  run_rank_threads(size(), [&](int r) { fn(*ranks_[size_t(r)]); }, [&] { state_->abort(); });
+}
+
+void run_rank_threads(int n, const std::function<void(int)>& body, const std::function<void()>& on_failure) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  auto guarded = [&](int r) {
     try {
-      fn(*ranks_[r]);
+      body(r);
     } catch (...) {
-      errors[r] = std::current_exception();
-      state_->abort();
+      errors[size_t(r)] = std::current_exception();
+      on_failure();
     }
   };
   std::vector<std::thread> threads;
-  for (size_t r = 1; r < ranks_.size(); ++r) threads.emplace_back(body, r);
-  body(0);
+  for (int r = 1; r < n; ++r) threads.emplace_back(guarded, r);
+  guarded(0);
   for (auto& t : threads) t.join();
   // The lowest rank that failed on its own (ranks woken by it only report PeerFailed).
   std::exception_ptr first;
-  size_t first_rank = 0;
-  for (size_t r = 0; r < ranks_.size() && !first; ++r) {
-    if (!errors[r]) continue;
+  int first_rank = 0;
+  for (int r = 0; r < n && !first; ++r) {
+    if (!errors[size_t(r)]) continue;
     try {
-      std::rethrow_exception(errors[r]);
+      std::rethrow_exception(errors[size_t(r)]);
     } catch (const PeerFailed&) {
     } catch (...) {
-      first = errors[r], first_rank = r;
+      first = errors[size_t(r)], first_rank = r;
     }
   }
-  for (size_t r = 0; r < ranks_.size() && !first; ++r)
-    if (errors[r]) first = errors[r], first_rank = r;
+  for (int r = 0; r < n && !first; ++r)
+    if (errors[size_t(r)]) first = errors[size_t(r)], first_rank = r;
   if (!first) return;
   try {
     std::rethrow_exception(first);
@@ -222,6 +222,14 @@ void InProcessWorld::run(const std::function<void(Communicator&)>& fn) {
     throw Error("rank " + std::to_string(first_rank) + ": " + e.what());
   }
 }
+
+CommKind parse_comm_kind(const std::string& s) {
+  if (s == "inprocess") return CommKind::InProcess;
+  if (s == "nccl") return CommKind::Nccl;
+  throw Error("unknown communicator '" + s + "' (expected inprocess or nccl)");
+}
+
+const char* comm_kind_name(CommKind k) { return k == CommKind::Nccl ? "nccl" : "inprocess"; }
 
 std::vector<int64_t> exchange_counts(Communicator& comm, const std::vector<int64_t>& send_counts) {
   const int n = comm.size();

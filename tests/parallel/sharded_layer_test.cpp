@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/cpu_test_util.h"
+#include "parallel/sharded_cases.h"
 #include "wna16/error.h"
 #include "wna16/parallel.h"
 
@@ -21,97 +22,10 @@ namespace {
 
 using cpu_test::random_activations;
 using cpu_test::to_float;
-
-struct Variant {
-  const char* name;
-  MoeLayerSpec spec;
-};
-
-// Small shapes with every routing method; I = 128 and the shared widths split into whole groups of
-// 32 for tp up to 4, E = 8 for ep up to 4.
-std::vector<Variant> variants() {
-  auto make = [](const char* name, RoutingMethod m, int k, bool renorm, SharedExpertKind shared) {
-    MoeLayerSpec s;
-    s.name = name;
-    s.hidden = 128;
-    s.inter = 128;
-    s.routing.method = m;
-    s.routing.num_experts = 8;
-    s.routing.top_k = k;
-    s.routing.renormalize = renorm;
-    s.shared_kind = shared;
-    s.shared_inter = shared == SharedExpertKind::None ? 0 : 256;
-    return Variant{name, s};
-  };
-  std::vector<Variant> v;
-  v.push_back(make("softmax renorm, gated shared (Qwen2-MoE)", RoutingMethod::SoftmaxTopK, 2, true,
-                   SharedExpertKind::SigmoidGated));
-  v.push_back(make("softmax no renorm (Qwen1.5-MoE)", RoutingMethod::SoftmaxTopK, 4, false, SharedExpertKind::SigmoidGated));
-  v.push_back(make("softmax, no shared (Mixtral, Qwen3)", RoutingMethod::SoftmaxTopK, 2, true, SharedExpertKind::None));
-  Variant v2 = make("group-limited greedy, plain shared (DeepSeek-V2)", RoutingMethod::GroupLimitedGreedy, 3, false,
-                    SharedExpertKind::Plain);
-  v2.spec.routing.n_group = 4;
-  v2.spec.routing.topk_group = 2;
-  v2.spec.routing.routed_scaling_factor = 1.5;
-  v.push_back(v2);
-  Variant v3 = make("noaux_tc, plain shared (DeepSeek-V3)", RoutingMethod::NoauxTc, 3, true, SharedExpertKind::Plain);
-  v3.spec.routing.n_group = 4;
-  v3.spec.routing.topk_group = 2;
-  v3.spec.routing.routed_scaling_factor = 2.5;
-  v.push_back(v3);
-  return v;
-}
-
-std::vector<QuantScheme> formats() {
-  return {{Format::GptqV1, 4, 32, true, false},  {Format::GptqV1, 4, 32, true, true},  {Format::GptqV1, 8, 32, false, false},
-          {Format::GptqV2, 4, 32, false, true},  {Format::GptqV2, 8, -1, true, false}, {Format::Awq, 4, 32, false, false}};
-}
-
-const std::vector<ParallelPlan> kPlans = {{2, 1}, {1, 2}, {2, 2}, {4, 1}, {1, 4}, {1, 1}};
-
-// Sharded vs unsharded: the same weights and inputs, the sums in another order. Far below the
-// reference tolerance (a wrong slice, group or routing weight gives 1e-2 and more).
-double reassociation_bound(DType act) { return act == DType::BF16 ? 4e-3 : 1e-3; }
+using namespace sharded_test;
 
 void check(const Variant& v, const QuantScheme& q, const ParallelPlan& plan, DType act, bool routed, uint64_t seed) {
-  const MoeLayerSpec& spec = v.spec;
-  const std::string what = std::string(v.name) + ", " + q.describe() + ", " + plan.describe() + ", " +
-                           dtype_name(act) + (routed ? ", caller routing" : "");
-  const MoeLayerWeights w = random_layer(spec, q, seed);
-  auto sharded = make_in_process_sharded_layer(Device::Cpu, plan, spec, w);
-  auto plain = make_cpu_layer(spec, w);
-  for (int64_t M : {1, 5, 33}) {
-    const int64_t n = M * spec.hidden;
-    const auto x = random_activations(n, act, seed + uint64_t(M));
-    std::vector<uint16_t> got(static_cast<size_t>(n), 0xFFFF), want(static_cast<size_t>(n), 0xFFFF);
-    std::vector<double> ref;
-    if (routed) {
-      // Any expert, repeats allowed, negative weights too: the routed path must not assume softmax.
-      std::mt19937_64 rng(seed + 7);
-      Routing r;
-      r.M = M;
-      r.top_k = 3;
-      for (int64_t i = 0; i < M * 3; ++i) {
-        r.ids.push_back(int32_t(rng() % uint64_t(spec.routing.num_experts)));
-        r.weights.push_back(float(int(rng() % 200) - 50) / 100.f);
-      }
-      sharded->forward_routed_host(x.bits.data(), r.ids.data(), r.weights.data(), 3, got.data(), M, act);
-      plain->forward_routed_host(x.bits.data(), r.ids.data(), r.weights.data(), 3, want.data(), M, act);
-      ref = moe_reference_routed(spec, w, x.values.data(), M, r);
-    } else {
-      sharded->forward_host(x.bits.data(), got.data(), M, act);
-      plain->forward_host(x.bits.data(), want.data(), M, act);
-      ref = moe_reference(spec, w, x.values.data(), M);
-    }
-    const std::vector<float> g = to_float(got, act), u = to_float(want, act);
-    EXPECT_LE(rel_error(g.data(), ref.data(), n), layer_tolerance(act)) << what << ", M=" << M;
-    if (plan.world() == 1) {
-      EXPECT_EQ(got, want) << what << ", M=" << M << ": one rank must match the unsharded layer bit for bit";
-    } else {
-      std::vector<double> ud(u.begin(), u.end());
-      EXPECT_LE(rel_error(g.data(), ud.data(), n), reassociation_bound(act)) << what << ", M=" << M;
-    }
-  }
+  sharded_test::check(Device::Cpu, v, q, plan, act, routed, seed);
 }
 
 TEST(ShardedCpuLayer, EveryRoutingVariantUnderEveryPlan) {
@@ -153,7 +67,7 @@ TEST(ShardedCpuLayer, SmallPresetWithDefaultGroupSizeCutsInsideGroups) {
 TEST(ShardedCpuLayer, OneRankAlsoBitExactWithF32Inputs) {
   const Variant v = variants()[0];
   const MoeLayerWeights w = random_layer(v.spec, formats()[0], 5);
-  auto sharded = make_in_process_sharded_layer(Device::Cpu, {1, 1}, v.spec, w);
+  auto sharded = make_threaded_sharded_layer(Device::Cpu, {1, 1}, v.spec, w);
   auto plain = make_cpu_layer(v.spec, w);
   const int64_t n = 9 * v.spec.hidden;
   std::vector<float> x(static_cast<size_t>(n)), a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
@@ -174,7 +88,7 @@ TEST(ShardedCpuLayer, EachRankHoldsOnlyItsShard) {
   InProcessWorld world(plan.world());
   std::vector<int64_t> bytes(4), dispatch(4), reduce(4);
   world.run([&](Communicator& c) {
-    auto layer = make_sharded_cpu_layer(plan, v.spec, w, c);
+    auto layer = make_sharded_layer(Device::Cpu, plan, v.spec, w, c);
     const TokenRange r = token_range(plan, 16, layer->layout().ep_rank);
     const auto x = random_activations(16 * v.spec.hidden, DType::BF16, 1);
     std::vector<uint16_t> out(size_t(r.size() * v.spec.hidden));
@@ -199,17 +113,25 @@ TEST(ShardedCpuLayer, EachRankHoldsOnlyItsShard) {
   }
 }
 
-TEST(ShardedCpuLayer, RefusesCudaAndBadPlans) {
+TEST(ShardedCpuLayer, RefusesBadPlansAndComms) {
   const Variant v = variants()[0];
   const MoeLayerWeights w = random_layer(v.spec, formats()[0], 7);
-  try {
-    make_in_process_sharded_layer(Device::Cuda, {2, 1}, v.spec, w);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cpu backend only so far"), std::string::npos) << e.what();
+  if (!cuda_available()) {
+    try {
+      make_threaded_sharded_layer(Device::Cuda, {2, 1}, v.spec, w);
+      FAIL();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no CUDA GPU is present"), std::string::npos) << e.what();
+    }
   }
   try {
-    make_in_process_sharded_layer(Device::Cpu, {1, 3}, v.spec, w);
+    make_threaded_sharded_layer(Device::Cpu, {2, 1}, v.spec, w, CommKind::Nccl);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "--comm nccl moves device memory between GPUs: it needs --device cuda");
+  }
+  try {
+    make_threaded_sharded_layer(Device::Cpu, {1, 3}, v.spec, w);
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()), "parallel plan tp=1 x ep=3 (3 ranks): num_experts=8 is not divisible by ep=3");

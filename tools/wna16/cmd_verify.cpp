@@ -263,7 +263,8 @@ const CommandRegistrar registrar([](CLI::App& root) {
   opts->add_to(*cmd);
   plan->add_to(*cmd);
   cmd->footer("--m defaults to 1,7,33. With --tp/--ep the backend row is the sharded layer, its ranks run as threads "
-              "of this process over the in-process communicator.");
+              "of this process over the communicator --comm names (on cuda with inprocess, rank r on GPU r mod the "
+              "GPUs present).");
   cmd->callback([opts, plan] { run_verify(*opts, *plan); });
 });
 

@@ -43,9 +43,10 @@ struct CommonOptions {
 // with one thread per rank (the in-process communicator).
 struct PlanFlags {
   int tp = 1, ep = 1;
+  std::string comm = "inprocess";
   void add_to(CLI::App& app);
   ParallelPlan plan() const;  // validated; throws Error naming the values
-  // make_layer, or the in-process sharded layer when the plan has more than one rank.
+  // make_layer, or the threaded sharded layer (over --comm) when the plan has more than one rank.
   std::unique_ptr<MoeBackendLayer> make(Device d, const MoeLayerSpec& spec, const MoeLayerWeights& w) const;
 };
 

@@ -50,9 +50,13 @@ QuantScheme CommonOptions::scheme() const {
 }
 
 void PlanFlags::add_to(CLI::App& app) {
-  app.add_option("--tp", tp, "tensor-parallel ranks: each expert's width split tp ways (simulated: one thread per rank)")
+  app.add_option("--tp", tp, "tensor-parallel ranks: each expert's width split tp ways (one thread per rank)")
       ->capture_default_str();
-  app.add_option("--ep", ep, "expert-parallel groups: the routed experts split ep ways (simulated: one thread per rank)")
+  app.add_option("--ep", ep, "expert-parallel groups: the routed experts split ep ways (one thread per rank)")
+      ->capture_default_str();
+  app.add_option("--comm", comm,
+                 "how the ranks exchange data: inprocess (host memory; on cuda rank r runs on GPU r mod the GPUs "
+                 "present) or nccl (cuda only, one GPU per rank)")
       ->capture_default_str();
 }
 
@@ -64,7 +68,8 @@ ParallelPlan PlanFlags::plan() const {
 
 std::unique_ptr<MoeBackendLayer> PlanFlags::make(Device d, const MoeLayerSpec& spec, const MoeLayerWeights& w) const {
   const ParallelPlan p = plan();
-  return p.world() == 1 ? make_layer(d, spec, w) : make_in_process_sharded_layer(d, p, spec, w);
+  const CommKind c = parse_comm_kind(comm);
+  return p.world() == 1 ? make_layer(d, spec, w) : make_threaded_sharded_layer(d, p, spec, w, c);
 }
 
 Device CommonOptions::resolved_device() const {

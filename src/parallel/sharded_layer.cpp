@@ -1,5 +1,6 @@
-// The CPU backend's sharded layer (one rank), and the in-process driver that runs every rank of a
-// plan on threads. One forward on a rank:
+// The sharded layer (one rank, its experts on the CPU or CUDA backend), and the driver that runs
+// every rank of a plan on threads over a World (in-process, or NCCL with one GPU per rank). One
+// forward on a rank:
 //
 //   1  route its own tokens (the router is replicated; route_reference, the same ids and weights
 //      as the unsharded layer) or take the caller's routing
@@ -10,7 +11,9 @@
 //      slice (gate * shared(x), computed on its own tokens)
 //   5  the tp ranks' partial outputs summed by one all-reduce (rank order), rounded to the dtype
 //
-// With tp = ep = 1 every addition happens in the unsharded layer's order: bit-identical output.
+// With tp = ep = 1 on the CPU every addition happens in the unsharded layer's order: bit-identical
+// output. On CUDA the expert rows come back rounded to the activation dtype (as the unsharded CUDA
+// layer rounds its per-slot rows) and are added in float from there.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,7 +21,9 @@
 #include "cpu/act_io.h"
 #include "cpu/cpu_layer.h"
 #include "cpu/isa.h"
+#include "wna16/backend.h"
 #include "wna16/error.h"
+#include "wna16/half.h"
 #include "wna16/parallel.h"
 #include "wna16/reference.h"
 
@@ -44,25 +49,76 @@ struct Bytes {
   }
 };
 
-// A CPU layer over `experts` alone, driven with caller routing (top_k 1 per row): the spec's
+// The spec of a layer over `experts` alone, driven with caller routing (top_k 1 per row): its
 // router is never used.
-std::unique_ptr<cpu::CpuMoeLayer> experts_layer(const MoeLayerSpec& full, std::vector<ExpertWeights> experts,
-                                                const std::string& name) {
+MoeLayerSpec experts_spec(const MoeLayerSpec& full, const std::vector<ExpertWeights>& experts, const std::string& name) {
   MoeLayerSpec s;
   s.name = name;
   s.hidden = full.hidden;
   s.inter = experts[0].gate.N;
   s.routing.num_experts = int(experts.size());
   s.routing.top_k = 1;
-  MoeLayerWeights w;
-  w.router.assign(size_t(s.routing.num_experts * s.hidden), 0.f);
-  w.experts = std::move(experts);
-  return cpu::make_cpu_layer_isa(s, w, cpu::default_isa());
+  return s;
 }
 
-class ShardedCpuLayer final : public ShardedMoeLayer {
+// One rank's experts on its backend: y[s] = w[s] * expert_{ids[s]}(x[s]) for S rows, in float.
+class RankExperts {
  public:
-  ShardedCpuLayer(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full, Communicator& world)
+  virtual ~RankExperts() = default;
+  virtual void rows(const void* x, const int32_t* ids, const float* w, int64_t S, DType dtype, float* y) = 0;
+};
+
+class CpuRankExperts final : public RankExperts {
+ public:
+  CpuRankExperts(const MoeLayerSpec& full, std::vector<ExpertWeights> experts, const std::string& name) {
+    const MoeLayerSpec s = experts_spec(full, experts, name);
+    MoeLayerWeights w;
+    w.router.assign(size_t(s.routing.num_experts * s.hidden), 0.f);
+    w.experts = std::move(experts);
+    layer_ = cpu::make_cpu_layer_isa(s, w, cpu::default_isa());
+  }
+  void rows(const void* x, const int32_t* ids, const float* w, int64_t S, DType dtype, float* y) override {
+    layer_->forward_routed_f32(x, ids, w, 1, y, S, dtype);
+  }
+
+ private:
+  std::unique_ptr<cpu::CpuMoeLayer> layer_;
+};
+
+// The CUDA layer on the calling thread's current GPU (the driver sets it per rank). Its rows come
+// back in the activation dtype (bf16 for F32 input, as its forward_host rounds).
+class CudaRankExperts final : public RankExperts {
+ public:
+  CudaRankExperts(const MoeLayerSpec& full, std::vector<ExpertWeights> experts, const std::string& name)
+      : H_(full.hidden) {
+    const MoeLayerSpec s = experts_spec(full, experts, name);
+    MoeLayerWeights w;
+    w.router.assign(size_t(s.routing.num_experts * s.hidden), 0.f);
+    w.experts = std::move(experts);
+    layer_ = make_cuda_layer(s, w);
+  }
+  void rows(const void* x, const int32_t* ids, const float* w, int64_t S, DType dtype, float* y) override {
+    if (dtype == DType::F32) return layer_->forward_routed_host(x, ids, w, 1, y, S, dtype);
+    std::vector<uint16_t> o(size_t(S * H_));
+    layer_->forward_routed_host(x, ids, w, 1, o.data(), S, dtype);
+    for (size_t i = 0; i < o.size(); ++i) y[i] = dtype == DType::BF16 ? bf16_to_float(o[i]) : f16_to_float(o[i]);
+  }
+
+ private:
+  int64_t H_;
+  std::unique_ptr<MoeBackendLayer> layer_;
+};
+
+std::unique_ptr<RankExperts> rank_experts(Device d, const MoeLayerSpec& full, std::vector<ExpertWeights> experts,
+                                          const std::string& name) {
+  if (d == Device::Cuda) return std::make_unique<CudaRankExperts>(full, std::move(experts), name);
+  return std::make_unique<CpuRankExperts>(full, std::move(experts), name);
+}
+
+class ShardedLayer final : public ShardedMoeLayer {
+ public:
+  ShardedLayer(Device device, const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full,
+               Communicator& world)
       : plan_(plan), spec_(spec) {
     plan.validate(world.size());
     layout_ = shard_layout(plan, spec, world.rank());
@@ -70,10 +126,12 @@ class ShardedCpuLayer final : public ShardedMoeLayer {
     ep_ = world.split(layout_.tp_rank, layout_.ep_rank);
     ShardWeights sw = shard_weights(plan, spec, full, world.rank());
     for (const auto& e : sw.experts) bytes_ += expert_bytes(e);
-    routed_ = experts_layer(spec, std::move(sw.experts), spec.name + " experts");
+    routed_ = rank_experts(device, spec, std::move(sw.experts), spec.name + " experts");
     if (sw.shared) {
       bytes_ += expert_bytes(*sw.shared);
-      shared_ = experts_layer(spec, {std::move(*sw.shared)}, spec.name + " shared expert");
+      std::vector<ExpertWeights> one;
+      one.push_back(std::move(*sw.shared));
+      shared_ = rank_experts(device, spec, std::move(one), spec.name + " shared expert");
     }
     router_.router = full.router;
     router_.correction_bias = full.correction_bias;
@@ -85,7 +143,7 @@ class ShardedCpuLayer final : public ShardedMoeLayer {
   const CommStats& last_stats() const override { return stats_; }
 
   void forward_host(const void* x, void* out, int64_t M, DType dtype) override {
-    cpu::check_forward_args(x, out, M, "sharded cpu forward");
+    cpu::check_forward_args(x, out, M, "sharded forward");
     const std::vector<float> xf = to_float(x, M, dtype);
     const std::vector<float> logits = router_logits_reference(spec_, router_, xf.data(), M);
     const Routing r = route_reference(spec_.routing, logits.data(), M,
@@ -95,8 +153,8 @@ class ShardedCpuLayer final : public ShardedMoeLayer {
 
   void forward_routed_host(const void* x, const int32_t* ids, const float* wts, int top_k, void* out, int64_t M,
                            DType dtype) override {
-    cpu::check_forward_args(x, out, M, "sharded cpu forward_routed_host");
-    check_routing(spec_.routing, ids, wts, M, top_k, "sharded cpu forward_routed_host");
+    cpu::check_forward_args(x, out, M, "sharded forward_routed_host");
+    check_routing(spec_.routing, ids, wts, M, top_k, "sharded forward_routed_host");
     run(x, to_float(x, M, dtype), ids, wts, top_k, out, M, dtype);
   }
 
@@ -165,7 +223,7 @@ class ShardedCpuLayer final : public ShardedMoeLayer {
     }
     const int64_t S = int64_t(slot_ids.size());
     std::vector<float> y(size_t(S * H));
-    if (S > 0) routed_->forward_routed_f32(slot_x.data(), slot_ids.data(), slot_w.data(), 1, y.data(), S, dtype);
+    if (S > 0) routed_->rows(slot_x.data(), slot_ids.data(), slot_w.data(), S, dtype, y.data());
 
     // ---- 4: combine ------------------------------------------------------------------------------
     std::vector<std::vector<uint8_t>> reply(static_cast<size_t>(ep));
@@ -213,7 +271,7 @@ class ShardedCpuLayer final : public ShardedMoeLayer {
       }
     const std::vector<int32_t> zero(size_t(M), 0);
     std::vector<float> ys(size_t(M * H));
-    shared_->forward_routed_f32(x, zero.data(), gate.data(), 1, ys.data(), M, dtype);
+    shared_->rows(x, zero.data(), gate.data(), M, dtype, ys.data());
     for (size_t i = 0; i < acc.size(); ++i) acc[i] += ys[i];
   }
 
@@ -221,21 +279,26 @@ class ShardedCpuLayer final : public ShardedMoeLayer {
   MoeLayerSpec spec_;
   ShardLayout layout_;
   std::unique_ptr<Communicator> tp_, ep_;
-  std::unique_ptr<cpu::CpuMoeLayer> routed_, shared_;
+  std::unique_ptr<RankExperts> routed_, shared_;
   MoeLayerWeights router_;  // router and correction bias only (router_logits_reference reads those)
   std::vector<float> shared_gate_;
   int64_t bytes_ = 0;
   CommStats stats_;
 };
 
-// Every rank on a thread of one InProcessWorld.
-class InProcessShardedLayer final : public MoeBackendLayer {
+// Every rank on a thread of one World; on CUDA, rank r builds and runs its layers on GPU
+// r % cuda_device_count() (an NCCL world has one GPU per rank).
+class ThreadedShardedLayer final : public MoeBackendLayer {
  public:
-  InProcessShardedLayer(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full)
-      : plan_(plan), spec_(spec), world_(plan.world()), ranks_(size_t(plan.world())) {
-    world_.run([&](Communicator& c) { ranks_[size_t(c.rank())] = make_sharded_cpu_layer(plan, spec, full, c); });
+  ThreadedShardedLayer(Device device, const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full,
+                       std::unique_ptr<World> world)
+      : device_(device), plan_(plan), spec_(spec), world_(std::move(world)), ranks_(size_t(plan.world())) {
+    world_->run([&](Communicator& c) {
+      on_rank_device(c.rank());
+      ranks_[size_t(c.rank())] = make_sharded_layer(device, plan, spec, full, c);
+    });
   }
-  Device device() const override { return Device::Cpu; }
+  Device device() const override { return device_; }
 
   void forward_host(const void* x, void* out, int64_t M, DType dtype) override {
     run(x, out, M, dtype, [&](ShardedMoeLayer& l, const uint8_t* xs, uint8_t* os, int64_t m, const TokenRange&) {
@@ -244,19 +307,24 @@ class InProcessShardedLayer final : public MoeBackendLayer {
   }
   void forward_routed_host(const void* x, const int32_t* ids, const float* wts, int k, void* out, int64_t M,
                            DType dtype) override {
-    check_routing(spec_.routing, ids, wts, M, k, "in-process sharded forward_routed_host");
+    check_routing(spec_.routing, ids, wts, M, k, "sharded forward_routed_host");
     run(x, out, M, dtype, [&](ShardedMoeLayer& l, const uint8_t* xs, uint8_t* os, int64_t m, const TokenRange& r) {
       l.forward_routed_host(xs, ids + r.begin * k, wts + r.begin * k, k, os, m, dtype);
     });
   }
 
  private:
+  void on_rank_device(int rank) const {
+    if (device_ == Device::Cuda) set_cuda_device(rank % cuda_device_count());
+  }
+
   template <class Fn>
   void run(const void* x, void* out, int64_t M, DType dtype, const Fn& fn) {
-    cpu::check_forward_args(x, out, M, "in-process sharded forward");
+    cpu::check_forward_args(x, out, M, "sharded forward");
     const int64_t row = spec_.hidden * int64_t(dtype_size(dtype));
     std::vector<std::vector<uint8_t>> outs(ranks_.size());
-    world_.run([&](Communicator& c) {
+    world_->run([&](Communicator& c) {
+      on_rank_device(c.rank());
       ShardedMoeLayer& l = *ranks_[size_t(c.rank())];
       const TokenRange r = token_range(plan_, M, l.layout().ep_rank);
       outs[size_t(c.rank())].assign(size_t(r.size() * row), 0);
@@ -273,26 +341,32 @@ class InProcessShardedLayer final : public MoeBackendLayer {
     }
   }
 
+  Device device_;
   ParallelPlan plan_;
   MoeLayerSpec spec_;
-  InProcessWorld world_;
+  std::unique_ptr<World> world_;
   std::vector<std::unique_ptr<ShardedMoeLayer>> ranks_;
 };
 
 }  // namespace
 
-std::unique_ptr<ShardedMoeLayer> make_sharded_cpu_layer(const ParallelPlan& plan, const MoeLayerSpec& spec,
-                                                        const MoeLayerWeights& full, Communicator& world) {
-  return std::make_unique<ShardedCpuLayer>(plan, spec, full, world);
+std::unique_ptr<ShardedMoeLayer> make_sharded_layer(Device device, const ParallelPlan& plan, const MoeLayerSpec& spec,
+                                                    const MoeLayerWeights& full, Communicator& world) {
+  return std::make_unique<ShardedLayer>(device, plan, spec, full, world);
 }
 
-std::unique_ptr<MoeBackendLayer> make_in_process_sharded_layer(Device device, const ParallelPlan& plan,
-                                                               const MoeLayerSpec& spec, const MoeLayerWeights& full) {
-  if (device != Device::Cpu)
-    throw Error(std::string("the sharded layer runs on the cpu backend only so far (--device ") +
-                device_name(device) + " needs the NCCL communicator and the CUDA sharded layer)");
+std::unique_ptr<MoeBackendLayer> make_threaded_sharded_layer(Device device, const ParallelPlan& plan,
+                                                             const MoeLayerSpec& spec, const MoeLayerWeights& full,
+                                                             CommKind comm) {
   check_plan(plan, spec, full);  // here, so a bad plan is reported once, without a rank prefix
-  return std::make_unique<InProcessShardedLayer>(plan, spec, full);
+  if (device == Device::Cuda && cuda_device_count() == 0)
+    throw Error("the sharded layer on --device cuda: no CUDA GPU is present (or this build has no CUDA backend)");
+  if (comm == CommKind::Nccl && device != Device::Cuda)
+    throw Error("--comm nccl moves device memory between GPUs: it needs --device cuda");
+  std::unique_ptr<World> world;
+  if (comm == CommKind::Nccl) world = make_nccl_world(plan.world());
+  else world = std::make_unique<InProcessWorld>(plan.world());
+  return std::make_unique<ThreadedShardedLayer>(device, plan, spec, full, std::move(world));
 }
 
 }  // namespace wna16

@@ -1,0 +1,132 @@
+// The sharded layer on CUDA: every rank's experts in a CUDA layer (rank r on GPU r mod the GPUs
+// present, so every plan runs on one GPU), against the float64 reference and the unsharded CUDA
+// layer (tests/parallel/sharded_cases.h); shards whose down rows were cut inside a group (a down
+// group length below gate/up's); and the NCCL communicator with as many ranks as there are GPUs.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_test_util.h"
+#include "parallel/sharded_cases.h"
+#include "wna16/comm.h"
+
+namespace wna16 {
+namespace {
+
+using namespace sharded_test;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU: the CUDA sharded layer is not run"
+
+// tp = 4 would cut the variants' I = 128 into 32 columns, below the CUDA layer's 64 (refused below).
+const std::vector<ParallelPlan> kCudaPlans = {{2, 1}, {1, 2}, {2, 2}, {1, 4}, {1, 1}};
+
+TEST(ShardedCudaLayer, EveryRoutingVariantUnderEveryPlan) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 10;
+  for (const ParallelPlan& plan : kCudaPlans)
+    for (const Variant& v : variants()) check(Device::Cuda, v, formats()[0], plan, DType::BF16, false, seed++);
+}
+
+TEST(ShardedCudaLayer, EveryFormatAndCallerRouting) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 100;
+  for (const ParallelPlan& plan : {ParallelPlan{2, 2}, ParallelPlan{1, 4}})
+    for (const QuantScheme& q : formats()) {
+      check(Device::Cuda, variants()[4], q, plan, seed % 2 ? DType::F16 : DType::BF16, false, seed);
+      ++seed;
+    }
+  for (const Variant& v : {variants()[0], variants()[3]}) check(Device::Cuda, v, formats()[1], {2, 2}, DType::F16, true, seed++);
+}
+
+// The small preset (I = 128) at group size 128 with tp = 2: each rank's down rows are one group of
+// 64, gate/up keep groups of 128 (two group lengths in one CUDA layer).
+TEST(ShardedCudaLayer, DownGroupsShorterThanGateUp) {
+  SKIP_WITHOUT_GPU();
+  const Variant v{"small preset", preset("small")};
+  uint64_t seed = 300;
+  for (const ParallelPlan& plan : {ParallelPlan{2, 1}, ParallelPlan{2, 2}})
+    for (const QuantScheme& q : {QuantScheme{Format::GptqV1, 4, 128, true, false}, QuantScheme{Format::GptqV1, 4, 128, true, true},
+                                 QuantScheme{Format::GptqV1, 8, 128, false, false}, QuantScheme{Format::Awq, 4, 128, false, false}}) {
+      check(Device::Cuda, v, q, plan, seed % 2 ? DType::F16 : DType::BF16, false, seed);
+      ++seed;
+    }
+}
+
+TEST(ShardedCudaLayer, RefusesWidthsTheKernelsCannotTake) {
+  SKIP_WITHOUT_GPU();
+  const Variant v = variants()[2];
+  const MoeLayerWeights w = random_layer(v.spec, formats()[0], 7);
+  try {
+    make_threaded_sharded_layer(Device::Cuda, {4, 1}, v.spec, w);
+    FAIL() << "tp=4 leaves 32 columns per expert";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expert width I=32 is not a multiple of 64"), std::string::npos) << e.what();
+  }
+}
+
+// NCCL with one rank per GPU: the collectives against their definition, then the sharded layer.
+// Skipped (with the reason) where libnccl.so.2 cannot be loaded.
+TEST(NcclWorld, CollectivesAndShardedLayer) {
+  SKIP_WITHOUT_GPU();
+  const int n = cuda_device_count();
+  std::unique_ptr<World> world;
+  try {
+    world = make_nccl_world(n);
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  world->run([&](Communicator& c) {
+    EXPECT_EQ(c.size(), n);
+    std::vector<float> v(1000);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float(c.rank() + 1) * float(i);
+    c.all_reduce_sum(v.data(), int64_t(v.size()));
+    const float ranks = float(n * (n + 1) / 2);
+    for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], ranks * float(i)) << i;
+    // Every rank sends peer p the bytes (rank, p, 0..rank+p).
+    std::vector<std::vector<uint8_t>> send(static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p)
+      for (int i = 0; i < c.rank() + p + 1; ++i) send[size_t(p)].push_back(uint8_t(16 * c.rank() + p + i));
+    const auto got = exchange_bytes(c, send);
+    for (int p = 0; p < n; ++p) {
+      ASSERT_EQ(int(got[size_t(p)].size()), p + c.rank() + 1) << p;
+      for (int i = 0; i < p + c.rank() + 1; ++i) EXPECT_EQ(got[size_t(p)][size_t(i)], uint8_t(16 * p + c.rank() + i));
+    }
+    auto sub = c.split(c.rank() % 2, c.rank());
+    std::vector<float> one{1.f};
+    sub->all_reduce_sum(one.data(), 1);
+    EXPECT_EQ(one[0], float(sub->size()));
+    c.barrier();
+  });
+  // The sharded layer over NCCL: ep = the GPUs present (tp = 1 and ep = 1 on a single GPU).
+  check(Device::Cuda, variants()[4], formats()[0], {1, n}, DType::BF16, false, 400, CommKind::Nccl);
+  if (n >= 2) check(Device::Cuda, variants()[0], formats()[0], {2, n / 2}, DType::BF16, false, 401, CommKind::Nccl);
+}
+
+// A rank that throws ends every other rank's wait in an Error, not a hang.
+TEST(NcclWorld, AFailingRankDoesNotHangTheOthers) {
+  SKIP_WITHOUT_GPU();
+  const int n = cuda_device_count();
+  std::unique_ptr<World> world;
+  try {
+    world = make_nccl_world(n);
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  try {
+    world->run([&](Communicator& c) {
+      if (c.rank() == n - 1) throw Error("boom");
+      std::vector<float> v(16, 1.f);
+      c.all_reduce_sum(v.data(), 16);
+    });
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "rank " + std::to_string(n - 1) + ": boom");
+  }
+}
+
+}  // namespace
+}  // namespace wna16

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "wna16/error.h"
+
 namespace wna16 {
 
 class Communicator {
@@ -32,6 +34,14 @@ class Communicator {
                             const int64_t* recv_bytes, const int64_t* recv_offsets) = 0;
 
   virtual void barrier() = 0;
+
+  // Device memory of the rank's GPU, ordered on `stream` (a cudaStream_t): data[i] summed over the
+  // ranks, enqueued without a host wait. Only communicators between GPUs have it
+  // (device_buffers(): NCCL); the others throw.
+  virtual bool device_buffers() const { return false; }
+  virtual void all_reduce_sum_device(float*, int64_t, void*) {
+    throw Error("this communicator exchanges host memory only (all_reduce_sum_device needs NCCL)");
+  }
 
   // Ranks calling with the same color form a new communicator, ranked by (key, old rank). NCCL:
   // ncclCommSplit.

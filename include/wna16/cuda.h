@@ -74,6 +74,11 @@ class CudaMoeLayer {
   // would need a host round trip): an id outside [0, E) adds nothing to its token's output.
   void forward_routed(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k, void* out,
                       int64_t M, DType act, void* workspace, size_t workspace_size, Stream stream) const;
+  // forward (topk_ids null) or forward_routed (the caller's routing) with out as fp32 [M, H]: the
+  // top-k sum before its rounding to act, e.g. a tensor-parallel rank's partial output, added over
+  // the ranks before one rounding (cast_f32_to). Same checks, stream rules and workspace.
+  void forward_f32(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k, float* out, int64_t M,
+                   DType act, void* workspace, size_t workspace_size, Stream stream) const;
   // Baseline for the benchmark only: the same math with one GEMM launch per expert that received
   // tokens (the per-expert-loop pattern the single launch replaces). May synchronise the stream.
   void forward_per_expert_loop(const void* x, void* out, int64_t M, DType act, void* workspace,
@@ -85,5 +90,8 @@ class CudaMoeLayer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// out[i] = in[i] rounded to act (f16 or bf16), n a multiple of 4, on `stream`.
+void cast_f32_to(const float* in, void* out, int64_t n, DType act, Stream stream);
 
 }  // namespace wna16::cuda

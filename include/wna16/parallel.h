@@ -91,6 +91,11 @@ struct ShardWeights {
 };
 ShardWeights shard_weights(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full, int rank);
 
+// The same linear with groups of len rows, each taking the scale and zero of the group it lies in
+// (len must divide the group size; no act-order): what a backend with one group length per GEMM
+// needs when a rank's routed down slices were cut into shorter groups than its shared expert's.
+QuantizedLinear regroup_rows(const QuantizedLinear& down, int64_t len, const std::string& who);
+
 // Dispatch: what the tokens of one rank send to each expert group. A token goes once to every
 // group that owns at least one of its experts, with its choices there (group-local expert ids and
 // routing weights, in top-k order). Combine: each group returns, per token received and in the
@@ -127,11 +132,20 @@ class ShardedMoeLayer {
                                    void* out, int64_t M, DType dtype) = 0;
   virtual int64_t weight_bytes() const = 0;  // this rank's expert weights, checkpoint form
   virtual const CommStats& last_stats() const = 0;
+  // x, out: device [M, H] of act (f16, bf16) on the rank's GPU, ordered on `stream` (a
+  // cudaStream_t), with no host round trip where the communicator has device buffers (NCCL). The
+  // CUDA ranks of tensor-parallel plans (ep = 1) have it (runs_on_device); the others throw.
+  virtual bool runs_on_device() const { return false; }
+  virtual void forward_device(const void*, void*, int64_t, DType, void*) {
+    throw Error("forward_device: this rank runs host-staged (the CPU backend, or an expert-parallel plan)");
+  }
 };
 
 // The sharded layer of rank world.rank(), its experts on `device` (CUDA: the calling thread's
 // current GPU); world.size() must equal plan.world(). Collective (splits the world into tp and ep
-// communicators). The communicator's buffers are host memory (comm.h).
+// communicators). CUDA with ep = 1: the device-resident rank (forward_device; it routes on the GPU
+// and all-reduces device memory over NCCL); otherwise the rank routes and plans the dispatch on the
+// host and exchanges host memory.
 std::unique_ptr<ShardedMoeLayer> make_sharded_layer(Device device, const ParallelPlan& plan, const MoeLayerSpec& spec,
                                                     const MoeLayerWeights& full, Communicator& world);
 

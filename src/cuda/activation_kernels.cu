@@ -132,7 +132,7 @@ __device__ __forceinline__ void add8(float (&s)[8], const uint4& v) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i] += float(e[i]);
 }
-template <class T, int LANES>
+template <class T, int LANES, class O>
 __global__ void slot_sum_kernel(const uint4* __restrict__ part, int splits, int64_t M, int k2, int H8, int64_t plane8,
                                 uint4* __restrict__ out) {
   pdl_wait();
@@ -170,11 +170,16 @@ __global__ void slot_sum_kernel(const uint4* __restrict__ part, int splits, int6
       for (int i = 0; i < 8; ++i) v[i] = ((s[0][i] + s[4][i]) + (s[2][i] + s[6][i])) + ((s[1][i] + s[5][i]) + (s[3][i] + s[7][i]));
     }
     if (h < H8 && q == 0) {
-      uint4 o;
-      T* e = reinterpret_cast<T*>(&o);
+      if constexpr (std::is_same_v<O, float>) {  // fp32 out (forward_f32): two 16-byte stores
+        out[2 * (t * H8 + h)] = make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+        out[2 * (t * H8 + h) + 1] = make_uint4(__float_as_uint(v[4]), __float_as_uint(v[5]), __float_as_uint(v[6]), __float_as_uint(v[7]));
+      } else {
+        uint4 o;
+        T* e = reinterpret_cast<T*>(&o);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) e[i] = T(v[i]);
-      out[t * H8 + h] = o;
+        for (int i = 0; i < 8; ++i) e[i] = T(v[i]);
+        out[t * H8 + h] = o;
+      }
     }
   }
 }
@@ -243,7 +248,7 @@ void launch_gather_slots(const void* x, int64_t M, int64_t H, const int32_t* ids
 }
 
 void launch_slot_sum_out(const void* part, int splits, int64_t M, int k2, int64_t H, void* out, DType act,
-                         Stream stream) {
+                         Stream stream, bool out_f32) {
   if (H <= 0 || H % 8 != 0 || splits < 1 || k2 < 1 || M < 0)
     throw Error("top-k sum: H=" + std::to_string(H) + " (a positive multiple of 8), splits=" + std::to_string(splits) +
                 ", k2=" + std::to_string(k2) + " or M=" + std::to_string(M) + " is out of range");
@@ -274,13 +279,48 @@ void launch_slot_sum_out(const void* part, int splits, int64_t M, int k2, int64_
   auto launch = [&](auto kernel) {
     WNA16_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, splits, M, k2, int(H8), plane8, o));
   };
-  if (act == DType::BF16) {
-    if (lanes == 1) launch(slot_sum_kernel<__nv_bfloat16, 1>);
-    else launch(slot_sum_kernel<__nv_bfloat16, kSumParts>);
-  } else {
-    if (lanes == 1) launch(slot_sum_kernel<__half, 1>);
-    else launch(slot_sum_kernel<__half, kSumParts>);
+  auto by_out = [&](auto t) {
+    using T = decltype(t);
+    if (out_f32) {
+      if (lanes == 1) launch(slot_sum_kernel<T, 1, float>);
+      else launch(slot_sum_kernel<T, kSumParts, float>);
+    } else {
+      if (lanes == 1) launch(slot_sum_kernel<T, 1, T>);
+      else launch(slot_sum_kernel<T, kSumParts, T>);
+    }
+  };
+  if (act == DType::BF16) by_out(__nv_bfloat16{});
+  else by_out(__half{});
+}
+
+namespace {
+template <class T>
+__global__ void cast_f32_kernel(const float4* __restrict__ in, int64_t n4, uint2* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
+    const float4 v = in[i];
+    uint2 o;
+    T* e = reinterpret_cast<T*>(&o);
+    e[0] = T(v.x), e[1] = T(v.y), e[2] = T(v.z), e[3] = T(v.w);
+    out[i] = o;
   }
+}
+}  // namespace
+
+void cast_f32_to(const float* in, void* out, int64_t n, DType act, Stream stream) {
+  if (act != DType::BF16 && act != DType::F16)
+    throw Error(std::string("cast_f32_to: dtype ") + dtype_name(act) + " is not f16 or bf16");
+  if (n < 0 || n % 4 != 0) throw Error("cast_f32_to: n=" + std::to_string(n) + " is not a multiple of 4");
+  if (reinterpret_cast<uintptr_t>(in) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 8 != 0)
+    throw Error("cast_f32_to: in is not 16-byte or out not 8-byte aligned");
+  if (n == 0) return;
+  const int threads = 256;
+  const int grid = grid_for(n / 4, threads);
+  auto s = static_cast<cudaStream_t>(stream);
+  const auto* i4 = reinterpret_cast<const float4*>(in);
+  auto* o2 = static_cast<uint2*>(out);
+  if (act == DType::BF16) cast_f32_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(i4, n / 4, o2);
+  else cast_f32_kernel<__half><<<grid, threads, 0, s>>>(i4, n / 4, o2);
+  WNA16_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace wna16::cuda

@@ -196,7 +196,7 @@ struct CudaMoeLayer::Impl {
   void given_and_align(const void* x, int64_t M, DType act, const Given& g, char* ws, const Workspace& L,
                        const LayerPlan& plan, cudaStream_t st) const;
   // GEMM1 -> GEMM2 -> cast, after begin_call (forward and forward_routed).
-  void run_gemms(const void* x, void* out, int64_t M, DType act, const Call& c) const;
+  void run_gemms(const void* x, void* out, int64_t M, DType act, const Call& c, bool out_f32 = false) const;
   // The GEMM launch fields both stages share: the align outputs in the workspace drive the grid.
   GemmRun align_driven_run(DType act, int config, int64_t M, char* ws, const Workspace& L) const {
     GemmRun r;
@@ -438,7 +438,24 @@ void CudaMoeLayer::forward_routed(const void* x, const int32_t* topk_ids, const 
     impl_->run_gemms(x, out, M, act, c);
 }
 
-void CudaMoeLayer::Impl::run_gemms(const void* x, void* out, int64_t M, DType act, const Call& c) const {
+void CudaMoeLayer::forward_f32(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k,
+                               float* out, int64_t M, DType act, void* workspace, size_t workspace_size,
+                               Stream stream) const {
+  Impl::Call c;
+  if (!topk_ids) {
+    if (impl_->begin_call(x, out, M, act, workspace, workspace_size, stream, &c, true))
+      impl_->run_gemms(x, out, M, act, c, true);
+    return;
+  }
+  if (top_k != impl_->k)
+    throw Error(fmt::format("forward_f32: top_k={} differs from the layer's top_k={}", top_k, impl_->k));
+  if (M > 0 && !topk_weights) throw Error("forward_f32: topk_weights is null");
+  const Impl::Given g{topk_ids, topk_weights};
+  if (impl_->begin_call(x, out, M, act, workspace, workspace_size, stream, &c, false, &g))
+    impl_->run_gemms(x, out, M, act, c, true);
+}
+
+void CudaMoeLayer::Impl::run_gemms(const void* x, void* out, int64_t M, DType act, const Call& c, bool out_f32) const {
   const Impl& d = *this;
   const Workspace& L = c.L;
   const LayerPlan& plan = c.plan;
@@ -516,7 +533,7 @@ void CudaMoeLayer::Impl::run_gemms(const void* x, void* out, int64_t M, DType ac
 
   // A programmatic dependent of GEMM2 (which releases its dependents early): the sum's set-up
   // overlaps GEMM2's tail and its griddepcontrol.wait waits for GEMM2's completion and flush.
-  launch_slot_sum_out(c.part, splits, M, int(d.k2), d.H, out, act, st);
+  launch_slot_sum_out(c.part, splits, M, int(d.k2), d.H, out, act, st, out_f32);
   stage_done("top-k sum", st);
 }
 

@@ -84,7 +84,8 @@ void launch_gather_slots(const void* x, int64_t M, int64_t H, const int32_t* ids
 // same bits on every run. part: [splits, M * k2, H] in act; H a multiple of 8. Launched with
 // programmatic dependent launch after the layer's GEMM2: it waits (griddepcontrol.wait) for the
 // previous kernel before reading part.
+// out_f32: the sums stored as fp32 (CudaMoeLayer::forward_f32), not rounded to act.
 void launch_slot_sum_out(const void* part, int splits, int64_t M, int k2, int64_t H, void* out, DType act,
-                         Stream stream);
+                         Stream stream, bool out_f32 = false);
 
 }  // namespace wna16::cuda

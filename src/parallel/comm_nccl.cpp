@@ -185,6 +185,13 @@ class NcclComm final : public Communicator {
     wait();
   }
 
+  bool device_buffers() const override { return true; }
+  void all_reduce_sum_device(float* data, int64_t n, void* stream) override {
+    if (n <= 0) return;
+    check(nccl().AllReduce(data, data, size_t(n), ncclFloat32, ncclSum, c_, static_cast<cudaStream_t>(stream)),
+          "ncclAllReduce");
+  }
+
   void barrier() override {
     float one = 1.f;
     all_reduce_sum(&one, 1);

@@ -89,6 +89,15 @@ ExpertWeights slice_expert(const ExpertWeights& e, int64_t begin, int64_t end, b
 
 }  // namespace
 
+QuantizedLinear regroup_rows(const QuantizedLinear& l, int64_t len, const std::string& who) {
+  if (l.scheme.group_size == -1 || l.scheme.act_order || len <= 0 || l.scheme.group_size % len != 0)
+    throw Error(who + ": cannot regroup " + l.scheme.describe() + " into groups of " + std::to_string(len) +
+                " (a divisor of its group size, without act-order)");
+  std::vector<int32_t> rows(static_cast<size_t>(l.K));
+  for (int64_t k = 0; k < l.K; ++k) rows[size_t(k)] = int32_t(k);
+  return take_rows(l, rows, len, true, who);
+}
+
 ShardWeights shard_weights(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full, int rank) {
   check_plan(plan, spec, full);
   const ShardLayout l = shard_layout(plan, spec, rank);

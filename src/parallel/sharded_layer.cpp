@@ -350,8 +350,13 @@ class ThreadedShardedLayer final : public MoeBackendLayer {
 
 }  // namespace
 
+// sharded_cuda_tp.cpp: the device-resident CUDA rank of an ep = 1 plan.
+std::unique_ptr<ShardedMoeLayer> make_cuda_tp_rank(const ParallelPlan& plan, const MoeLayerSpec& spec,
+                                                   const MoeLayerWeights& full, Communicator& world);
+
 std::unique_ptr<ShardedMoeLayer> make_sharded_layer(Device device, const ParallelPlan& plan, const MoeLayerSpec& spec,
                                                     const MoeLayerWeights& full, Communicator& world) {
+  if (device == Device::Cuda && plan.ep == 1) return make_cuda_tp_rank(plan, spec, full, world);
   return std::make_unique<ShardedLayer>(device, plan, spec, full, world);
 }
 

@@ -1,6 +1,7 @@
-// The sharded layer on CUDA: every rank's experts in a CUDA layer (rank r on GPU r mod the GPUs
-// present, so every plan runs on one GPU), against the float64 reference and the unsharded CUDA
-// layer (tests/parallel/sharded_cases.h); shards whose down rows were cut inside a group (a down
+// The sharded layer on CUDA (rank r on GPU r mod the GPUs present, so every plan runs on one GPU):
+// the device-resident tensor-parallel rank (ep = 1) and the host-staged expert-parallel one,
+// against the float64 reference and the unsharded CUDA layer (tests/parallel/sharded_cases.h; one
+// rank bit for bit); shards whose down rows were cut inside a group (a down
 // group length below gate/up's); and the NCCL communicator with as many ranks as there are GPUs.
 #include <gtest/gtest.h>
 
@@ -13,6 +14,8 @@
 #include "parallel/sharded_cases.h"
 #include "wna16/comm.h"
 
+// A build without CUDA has none of these (tests/parallel covers the refusals there).
+#ifdef WNA16_HAVE_CUDA
 namespace wna16 {
 namespace {
 
@@ -21,8 +24,46 @@ using namespace sharded_test;
 #define SKIP_WITHOUT_GPU() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA GPU: the CUDA sharded layer is not run"
 
+// Inside a rank's function a failed ASSERT would return early and leave the other ranks waiting in
+// a collective: throw instead (the world then aborts every rank and run() rethrows).
+#define RANK_REQUIRE(cond)                                                    \
+  do {                                                                        \
+    if (!(cond)) throw Error(std::string("rank check failed: ") + #cond);      \
+  } while (0)
+
 // tp = 4 would cut the variants' I = 128 into 32 columns, below the CUDA layer's 64 (refused below).
 const std::vector<ParallelPlan> kCudaPlans = {{2, 1}, {1, 2}, {2, 2}, {1, 4}, {1, 1}};
+
+// The device-resident rank on device buffers: forward_device of each rank of tp = 2 (one GPU,
+// in-process communicator: the partial staged through the host) against forward_host.
+TEST(ShardedCudaLayer, TensorParallelRankOnDeviceBuffers) {
+  SKIP_WITHOUT_GPU();
+  const Variant v = variants()[0];
+  const MoeLayerWeights w = random_layer(v.spec, formats()[0], 9);
+  const int64_t M = 21, n = M * v.spec.hidden;
+  const auto x = random_activations(n, DType::BF16, 3);
+  InProcessWorld world(2);
+  std::vector<std::vector<uint16_t>> dev(2), host(2);
+  world.run([&](Communicator& c) {
+    set_cuda_device(c.rank() % cuda_device_count());
+    auto rank = make_sharded_layer(Device::Cuda, {2, 1}, v.spec, w, c);
+    RANK_REQUIRE(rank->runs_on_device());
+    void *xd = nullptr, *od = nullptr;
+    RANK_REQUIRE(cudaMalloc(&xd, size_t(n) * 2) == cudaSuccess);
+    RANK_REQUIRE(cudaMalloc(&od, size_t(n) * 2) == cudaSuccess);
+    RANK_REQUIRE(cudaMemcpy(xd, x.bits.data(), size_t(n) * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+    rank->forward_device(xd, od, M, DType::BF16, nullptr);
+    dev[size_t(c.rank())].resize(size_t(n));
+    RANK_REQUIRE(cudaMemcpy(dev[size_t(c.rank())].data(), od, size_t(n) * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    EXPECT_EQ(rank->last_stats().all_reduce_bytes, n * 4);
+    cudaFree(xd);
+    cudaFree(od);
+    host[size_t(c.rank())].resize(size_t(n));
+    rank->forward_host(x.bits.data(), host[size_t(c.rank())].data(), M, DType::BF16);
+  });
+  EXPECT_EQ(dev[0], dev[1]);
+  EXPECT_EQ(dev[0], host[0]);
+}
 
 TEST(ShardedCudaLayer, EveryRoutingVariantUnderEveryPlan) {
   SKIP_WITHOUT_GPU();
@@ -85,16 +126,26 @@ TEST(NcclWorld, CollectivesAndShardedLayer) {
     for (size_t i = 0; i < v.size(); ++i) v[i] = float(c.rank() + 1) * float(i);
     c.all_reduce_sum(v.data(), int64_t(v.size()));
     const float ranks = float(n * (n + 1) / 2);
-    for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], ranks * float(i)) << i;
+    for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v[i], ranks * float(i)) << i;
     // Every rank sends peer p the bytes (rank, p, 0..rank+p).
     std::vector<std::vector<uint8_t>> send(static_cast<size_t>(n));
     for (int p = 0; p < n; ++p)
       for (int i = 0; i < c.rank() + p + 1; ++i) send[size_t(p)].push_back(uint8_t(16 * c.rank() + p + i));
     const auto got = exchange_bytes(c, send);
     for (int p = 0; p < n; ++p) {
-      ASSERT_EQ(int(got[size_t(p)].size()), p + c.rank() + 1) << p;
+      RANK_REQUIRE(int(got[size_t(p)].size()) == p + c.rank() + 1);
       for (int i = 0; i < p + c.rank() + 1; ++i) EXPECT_EQ(got[size_t(p)][size_t(i)], uint8_t(16 * p + c.rank() + i));
     }
+    // Device memory, stream-ordered.
+    RANK_REQUIRE(c.device_buffers());
+    float* d = nullptr;
+    RANK_REQUIRE(cudaMalloc(&d, 256 * sizeof(float)) == cudaSuccess);
+    std::vector<float> h(256, float(c.rank() + 1));
+    RANK_REQUIRE(cudaMemcpy(d, h.data(), 256 * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    c.all_reduce_sum_device(d, 256, nullptr);
+    RANK_REQUIRE(cudaMemcpy(h.data(), d, 256 * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    cudaFree(d);
+    for (float f : h) EXPECT_EQ(f, ranks);
     auto sub = c.split(c.rank() % 2, c.rank());
     std::vector<float> one{1.f};
     sub->all_reduce_sum(one.data(), 1);
@@ -130,3 +181,4 @@ TEST(NcclWorld, AFailingRankDoesNotHangTheOthers) {
 
 }  // namespace
 }  // namespace wna16
+#endif  // WNA16_HAVE_CUDA

@@ -198,5 +198,29 @@ TEST(ParallelPlan, CutsInsideGroupsAreExactSlices) {
   expect_exact_slices(small, {Format::GptqV1, 4, -1, false, true}, {4, 1}, -1);
 }
 
+// regroup_rows: shorter groups with the scales and zeros repeated dequantize to the same values;
+// act-order, -1 and lengths that do not divide the group size are refused, naming the scheme.
+TEST(ParallelPlan, RegroupRowsKeepsTheValues) {
+  const MoeLayerSpec s = spec_of(128, 256, 4, 2, 128);
+  for (const QuantScheme& q : {QuantScheme{Format::GptqV1, 4, 128, true, false}, QuantScheme{Format::GptqV2, 8, 128, false, false},
+                               QuantScheme{Format::Awq, 4, 128, false, false}}) {
+    const MoeLayerWeights w = random_layer(s, q, 41);
+    const QuantizedLinear& d = w.experts[1].down;
+    for (int64_t len : {64, 32}) {
+      const QuantizedLinear r = regroup_rows(d, len, "down");
+      EXPECT_EQ(r.scheme.group_size, len) << q.describe();
+      EXPECT_EQ(dequantize(r), dequantize(d)) << q.describe() << " in groups of " << len;
+    }
+    EXPECT_THROW(regroup_rows(d, 48, "down"), Error);
+  }
+  const MoeLayerWeights a = random_layer(s, {Format::GptqV1, 4, 128, true, true}, 42);
+  try {
+    regroup_rows(a.experts[0].down, 64, "expert 0 down");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expert 0 down: cannot regroup"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace wna16

@@ -14,6 +14,7 @@ namespace {
 
 struct BenchArgs {
   CommonOptions common;
+  PlanFlags plan;
   std::string json, csv, plot, config, routing = "uniform";
   double min_seconds = 0;
 };
@@ -36,6 +37,7 @@ const CommandRegistrar reg([](CLI::App& root) {
   CLI::App* app = root.add_subcommand(
       "bench", "time the MoE layer per preset and M: us, GB/s and % of the measured bandwidth, FLOP/s, speedups");
   args->common.add_to(*app);
+  args->plan.add_to(*app);
   app->add_option("--json", args->json, "write the results as JSON to this path");
   app->add_option("--csv", args->csv, "write the results as CSV to this path");
   app->add_option("--plot", args->plot,
@@ -67,6 +69,14 @@ const CommandRegistrar reg([](CLI::App& root) {
     const bool cuda = c.resolved_device() == Device::Cuda;
     if (!cuda && !o.gemm_config.empty())
       throw Error("bench --config " + o.gemm_config + ": kernel-table rows are the CUDA backend's (use --device cuda)");
+    const ParallelPlan plan = args->plan.plan();
+    const CommKind comm = parse_comm_kind(args->plan.comm);
+    if (plan.world() > 1 || comm == CommKind::Nccl) {
+      if (!cuda) throw Error("bench --tp/--ep/--comm nccl: the sharded benchmark is the CUDA backend's (use --device cuda)");
+      const int rc = run_cuda_sharded_bench(o, plan, comm);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+      return;
+    }
     const int rc = cuda ? run_cuda_bench(o) : run_cpu_bench(o);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

@@ -1,0 +1,182 @@
+// The device-resident rank of a tensor-parallel plan on CUDA (ep = 1): every rank holds its slice
+// of every expert's width (and of the shared expert's) in one CUDA layer that also holds the whole
+// router, so it routes its tokens itself on the GPU (the same logits, so the same choices, on every
+// rank: the same kernel on the same inputs). One forward: the layer's partial output in fp32
+// (CudaMoeLayer::forward_f32), one all-reduce over the ranks, one rounding to the activation dtype
+// (cast_f32_to). With NCCL (device buffers) nothing returns to the host and the call can be
+// captured in a CUDA graph; the in-process communicator stages the partial through host memory.
+#include "wna16/error.h"
+#include "wna16/parallel.h"
+
+#ifdef WNA16_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_check.h"
+#include "cuda/dev_buf.h"
+#include "wna16/cuda.h"
+#include "wna16/half.h"
+#include "wna16/reference.h"
+
+namespace wna16 {
+
+namespace {
+
+class CudaTpRank final : public ShardedMoeLayer {
+ public:
+  CudaTpRank(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full, Communicator& world)
+      : spec_(spec), comm_(world) {
+    plan.validate(world.size());
+    if (plan.ep != 1) throw Error("internal: the CUDA tensor-parallel rank takes ep = 1 plans only");
+    layout_ = shard_layout(plan, spec, world.rank());
+    ShardWeights sw = shard_weights(plan, spec, full, world.rank());
+    MoeLayerSpec s = spec;
+    s.inter = layout_.inter_end - layout_.inter_begin;
+    s.shared_inter = layout_.shared_end - layout_.shared_begin;
+    MoeLayerWeights w;
+    w.router = full.router;
+    w.correction_bias = full.correction_bias;
+    w.shared_gate = full.shared_gate;
+    w.experts = std::move(sw.experts);
+    w.shared = std::move(sw.shared);
+    // One down group length per CUDA layer: a shared slice cut at group starts keeps the
+    // checkpoint's groups while the routed slices were cut inside one (tp = 2 of I = 128 at g128):
+    // the shared down takes the routed length (the same scales, repeated).
+    if (w.shared && !w.experts.empty()) {
+      const QuantScheme &rs = w.experts[0].down.scheme, &ss = w.shared->down.scheme;
+      if (rs.group_size != -1 && ss.group_size != -1 && rs.group_size != ss.group_size) {
+        const int64_t len = std::gcd(rs.group_size, ss.group_size);
+        if (len != ss.group_size) w.shared->down = regroup_rows(w.shared->down, len, "shared expert down");
+        if (len != rs.group_size)
+          for (size_t e = 0; e < w.experts.size(); ++e)
+            w.experts[e].down = regroup_rows(w.experts[e].down, len, "expert " + std::to_string(e) + " down");
+      }
+    }
+    for (const auto& e : w.experts) bytes_ += expert_bytes(e);
+    if (w.shared) bytes_ += expert_bytes(*w.shared);
+    layer_ = std::make_unique<cuda::CudaMoeLayer>(s, w);
+  }
+
+  const ShardLayout& layout() const override { return layout_; }
+  int64_t weight_bytes() const override { return bytes_; }
+  const CommStats& last_stats() const override { return stats_; }
+  bool runs_on_device() const override { return true; }
+
+  void forward_device(const void* x, void* out, int64_t M, DType act, void* stream) override {
+    run_device(x, nullptr, nullptr, 0, out, M, act, static_cast<cudaStream_t>(stream));
+  }
+  void forward_host(const void* x, void* out, int64_t M, DType dtype) override {
+    run_host(x, nullptr, nullptr, 0, out, M, dtype);
+  }
+  void forward_routed_host(const void* x, const int32_t* ids, const float* wts, int top_k, void* out, int64_t M,
+                           DType dtype) override {
+    check_routing(spec_.routing, ids, wts, M, top_k, "sharded cuda forward_routed_host");
+    run_host(x, ids, wts, top_k, out, M, dtype);
+  }
+
+ private:
+  static int64_t expert_bytes(const ExpertWeights& e) {
+    int64_t b = 0;
+    for (const QuantizedLinear* l : {&e.gate, &e.up, &e.down})
+      b += int64_t((l->qweight.size() + l->qzeros.size() + l->g_idx.size()) * 4 + l->scales.size() * 2);
+    return b;
+  }
+
+  // ids / wts: device [M, top_k] (null: the layer routes).
+  void run_device(const void* x, const int32_t* ids, const float* wts, int top_k, void* out, int64_t M, DType act,
+                  cudaStream_t st) {
+    stats_ = {};
+    if (M == 0) return;
+    const int64_t n = M * spec_.hidden;
+    ensure(M);
+    layer_->forward_f32(x, ids, wts, top_k, static_cast<float*>(part_.p), M, act, ws_.p, ws_.bytes, st);
+    if (comm_.size() > 1) {
+      if (comm_.device_buffers()) {
+        comm_.all_reduce_sum_device(static_cast<float*>(part_.p), n, st);
+      } else {  // host memory only: through the host
+        host_.resize(size_t(n));
+        WNA16_CUDA_CHECK(cudaMemcpyAsync(host_.data(), part_.p, size_t(n) * 4, cudaMemcpyDeviceToHost, st));
+        WNA16_CUDA_CHECK(cudaStreamSynchronize(st));
+        comm_.all_reduce_sum(host_.data(), n);
+        WNA16_CUDA_CHECK(cudaMemcpyAsync(part_.p, host_.data(), size_t(n) * 4, cudaMemcpyHostToDevice, st));
+      }
+      stats_.all_reduce_bytes = n * 4;
+    }
+    cuda::cast_f32_to(static_cast<const float*>(part_.p), out, n, act, st);
+  }
+
+  // Host in and out (the CLI and tests), as CudaBackendLayer: f32 input is rounded to bf16.
+  void run_host(const void* x, const int32_t* ids, const float* wts, int top_k, void* out, int64_t M, DType dtype) {
+    if (M < 0) throw Error(fmt::format("M={} is negative", M));
+    const DType act = dtype == DType::F32 ? DType::BF16 : dtype;
+    const size_t n = size_t(M * spec_.hidden);
+    std::vector<uint16_t> xin;
+    const void* xsrc = x;
+    if (dtype == DType::F32) {
+      xin.resize(n);
+      for (size_t i = 0; i < n; ++i) xin[i] = float_to_bf16(static_cast<const float*>(x)[i]);
+      xsrc = xin.data();
+    }
+    ensure(M);
+    if (ids) {
+      const size_t slots = size_t(M) * size_t(top_k);
+      ids_.alloc(slots * 4);
+      wts_.alloc(slots * 4);
+      WNA16_CUDA_CHECK(cudaMemcpy(ids_.p, ids, slots * 4, cudaMemcpyHostToDevice));
+      WNA16_CUDA_CHECK(cudaMemcpy(wts_.p, wts, slots * 4, cudaMemcpyHostToDevice));
+    }
+    if (n) WNA16_CUDA_CHECK(cudaMemcpy(x_.p, xsrc, n * 2, cudaMemcpyHostToDevice));
+    run_device(x_.p, ids ? static_cast<const int32_t*>(ids_.p) : nullptr, static_cast<const float*>(wts_.p), top_k,
+               out_.p, M, act, nullptr);
+    WNA16_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> o(n);
+    if (n) WNA16_CUDA_CHECK(cudaMemcpy(o.data(), out_.p, n * 2, cudaMemcpyDeviceToHost));
+    if (dtype == DType::F32)
+      for (size_t i = 0; i < n; ++i) static_cast<float*>(out)[i] = bf16_to_float(o[i]);
+    else if (n)
+      std::copy(o.begin(), o.end(), static_cast<uint16_t*>(out));
+  }
+
+  void ensure(int64_t M) {
+    if (M <= cap_) return;
+    cap_ = std::max<int64_t>(M, 2 * cap_);
+    x_.alloc(size_t(cap_ * spec_.hidden * 2));
+    out_.alloc(size_t(cap_ * spec_.hidden * 2));
+    part_.alloc(size_t(cap_ * spec_.hidden * 4));
+    ws_.alloc(layer_->workspace_bytes(cap_));
+  }
+
+  MoeLayerSpec spec_;
+  Communicator& comm_;
+  ShardLayout layout_;
+  std::unique_ptr<cuda::CudaMoeLayer> layer_;
+  int64_t bytes_ = 0, cap_ = 0;
+  cuda::DevBuf x_, out_, part_, ws_, ids_, wts_;
+  std::vector<float> host_;
+  CommStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<ShardedMoeLayer> make_cuda_tp_rank(const ParallelPlan& plan, const MoeLayerSpec& spec,
+                                                   const MoeLayerWeights& full, Communicator& world) {
+  return std::make_unique<CudaTpRank>(plan, spec, full, world);
+}
+
+}  // namespace wna16
+
+#else
+
+namespace wna16 {
+std::unique_ptr<ShardedMoeLayer> make_cuda_tp_rank(const ParallelPlan&, const MoeLayerSpec&, const MoeLayerWeights&,
+                                                   Communicator&) {
+  throw Error("this build of wna16 has no CUDA backend; use --device cpu");
+}
+}  // namespace wna16
+
+#endif

@@ -35,7 +35,7 @@ struct BenchOptions {
 // benchmarked layer failed).
 int run_cpu_bench(const BenchOptions& opts);   // bench/cpu
 int run_cuda_bench(const BenchOptions& opts);  // bench/cuda; throws Error when built without CUDA
-// The sharded layer of a tensor-parallel plan against one GPU (bench/cuda/sharded_bench.cpp).
+// The sharded layer of a plan against one GPU (bench/cuda/sharded_bench.cpp).
 int run_cuda_sharded_bench(const BenchOptions& opts, const ParallelPlan& plan, CommKind comm);
 
 }  // namespace wna16

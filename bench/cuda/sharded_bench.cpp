@@ -1,4 +1,4 @@
-// `wna16 bench --device cuda --tp N [--comm nccl]`: the sharded layer against one GPU, per preset
+// `wna16 bench --device cuda --tp N --ep N [--comm nccl]`: the sharded layer against one GPU, per preset
 // and M, in one run: the unsharded CUDA layer on GPU 0, then every rank of the plan on its GPU
 // (rank r on GPU r mod the GPUs present), each timed on the host around back-to-back device calls
 // (eager launches, the same for both), the slowest rank reported; the all-reduce payload per rank
@@ -57,10 +57,6 @@ std::vector<float> to_floats(const std::vector<uint16_t>& v, DType t) {
 int run_cuda_sharded_bench(const BenchOptions& opts, const ParallelPlan& plan, CommKind comm) {
   plan.validate();
   if (!cuda_available()) throw Error("bench --tp/--ep: no CUDA GPU is present");
-  if (plan.ep != 1)
-    throw Error(fmt::format("bench --ep {}: the expert-parallel rank still routes and exchanges through the host "
-                            "(docs/parallel.md); only tensor-parallel plans (--tp) are timed",
-                            plan.ep));
   std::vector<std::string> models = opts.models;
   if (models.empty())
     for (const auto& n : preset_names())

@@ -27,4 +27,8 @@ void launch_align(const int32_t* topk_ids, int64_t num_slots, int E, int block_m
                   int32_t* sorted_token_ids, int32_t* expert_ids, int32_t* num_tokens_post_padded,
                   Stream stream);
 
+// The ids of one expert group's layer: out[i] = ids[i] - begin for ids[i] in [begin, end), else -1
+// (CudaMoeLayer::forward_routed adds nothing for an id outside its experts). n = M x top_k.
+void launch_local_expert_ids(const int32_t* ids, int64_t n, int begin, int end, int32_t* out, Stream stream);
+
 }  // namespace wna16::cuda

@@ -91,6 +91,16 @@ struct ShardWeights {
 };
 ShardWeights shard_weights(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full, int rank);
 
+// An expert cut to positions [begin, end) of its width in inter_order, as shard_weights cuts a
+// rank's slice (keep_bias: the down bias stays, for one rank of those whose partials are summed);
+// errors start with "<who>: ".
+ExpertWeights slice_expert_width(const ExpertWeights& e, int64_t begin, int64_t end, bool keep_bias,
+                                 const std::string& who);
+
+// Bytes of an expert's tensors as stored (qweight, qzeros, g_idx, f16 scales): what a rank's
+// weight_bytes() adds up.
+int64_t expert_stored_bytes(const ExpertWeights& e);
+
 // The same linear with groups of len rows, each taking the scale and zero of the group it lies in
 // (len must divide the group size; no act-order): what a backend with one group length per GEMM
 // needs when a rank's routed down slices were cut into shorter groups than its shared expert's.
@@ -124,28 +134,29 @@ class ShardedMoeLayer {
  public:
   virtual ~ShardedMoeLayer() = default;
   virtual const ShardLayout& layout() const = 0;
-  // x, out: this rank's tokens [M, H] (token_range of its expert group; the same on the group's
-  // tp ranks), dtype as MoeBackendLayer. Every tp rank of a group gets the same output bits.
+  // x, out: this rank's tokens [M, H], dtype as MoeBackendLayer: on the CPU its expert group's
+  // (token_range; the same on the group's tp ranks), on CUDA the whole batch (every rank takes
+  // and returns all of it). The ranks that share tokens get the same output bits.
   virtual void forward_host(const void* x, void* out, int64_t M, DType dtype) = 0;
   // Routing decided by the caller (topk_ids / topk_weights [M, top_k], global expert ids).
   virtual void forward_routed_host(const void* x, const int32_t* topk_ids, const float* topk_weights, int top_k,
                                    void* out, int64_t M, DType dtype) = 0;
   virtual int64_t weight_bytes() const = 0;  // this rank's expert weights, checkpoint form
   virtual const CommStats& last_stats() const = 0;
-  // x, out: device [M, H] of act (f16, bf16) on the rank's GPU, ordered on `stream` (a
-  // cudaStream_t), with no host round trip where the communicator has device buffers (NCCL). The
-  // CUDA ranks of tensor-parallel plans (ep = 1) have it (runs_on_device); the others throw.
+  // x, out: device [M, H] of act (f16, bf16) on the rank's GPU, the whole batch, ordered on
+  // `stream` (a cudaStream_t), with no host round trip where the communicator has device buffers
+  // (NCCL). The CUDA ranks have it (runs_on_device); the CPU ones throw.
   virtual bool runs_on_device() const { return false; }
   virtual void forward_device(const void*, void*, int64_t, DType, void*) {
-    throw Error("forward_device: this rank runs host-staged (the CPU backend, or an expert-parallel plan)");
+    throw Error("forward_device: a CPU rank has no device path");
   }
 };
 
 // The sharded layer of rank world.rank(), its experts on `device` (CUDA: the calling thread's
 // current GPU); world.size() must equal plan.world(). Collective (splits the world into tp and ep
-// communicators). CUDA with ep = 1: the device-resident rank (forward_device; it routes on the GPU
-// and all-reduces device memory over NCCL); otherwise the rank routes and plans the dispatch on the
-// host and exchanges host memory.
+// communicators). CUDA: the device-resident rank (sharded_cuda.cpp: it routes on the GPU and
+// all-reduces device memory over NCCL); the CPU: the rank routes, dispatches and combines in host
+// memory.
 std::unique_ptr<ShardedMoeLayer> make_sharded_layer(Device device, const ParallelPlan& plan, const MoeLayerSpec& spec,
                                                     const MoeLayerWeights& full, Communicator& world);
 

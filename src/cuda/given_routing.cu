@@ -9,6 +9,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/moe_layer_kernels.h"
+#include "wna16/cuda_kernels.h"
 #include "wna16/error.h"
 
 namespace wna16::cuda {
@@ -83,6 +84,27 @@ void launch_given_slots(const void* x, DType act, int64_t M, int64_t H, const in
   const bool bf16_gate = gate_dtype == DType::BF16;
   if (act == DType::BF16) bf16_gate ? run(__nv_bfloat16{}, __nv_bfloat16{}) : run(__nv_bfloat16{}, float{});
   else bf16_gate ? run(__half{}, __nv_bfloat16{}) : run(__half{}, float{});
+  WNA16_CUDA_CHECK_LAUNCH();
+}
+
+namespace {
+__global__ void local_expert_ids_kernel(const int32_t* __restrict__ ids, int64_t n, int begin, int end,
+                                        int32_t* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t e = ids[i];
+    out[i] = e >= begin && e < end ? e - begin : -1;
+  }
+}
+}  // namespace
+
+void launch_local_expert_ids(const int32_t* ids, int64_t n, int begin, int end, int32_t* out, Stream stream) {
+  if (n < 0 || begin < 0 || end < begin)
+    throw Error("local expert ids: n=" + std::to_string(n) + " or the range [" + std::to_string(begin) + ", " +
+                std::to_string(end) + ") is invalid");
+  if (n == 0) return;
+  if (!ids || !out) throw Error("local expert ids: a device pointer is null");
+  const int grid = int(std::min<int64_t>((n + kThreads - 1) / kThreads, 1024));
+  local_expert_ids_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(ids, n, begin, end, out);
   WNA16_CUDA_CHECK_LAUNCH();
 }
 

@@ -76,7 +76,9 @@ QuantizedLinear take_rows(const QuantizedLinear& l, const std::vector<int32_t>& 
   return pack(s, scheme);
 }
 
-ExpertWeights slice_expert(const ExpertWeights& e, int64_t begin, int64_t end, bool keep_bias, const std::string& who) {
+}  // namespace
+
+ExpertWeights slice_expert_width(const ExpertWeights& e, int64_t begin, int64_t end, bool keep_bias, const std::string& who) {
   const std::vector<int32_t> order = inter_order(e.down);
   const std::vector<int32_t> chans(order.begin() + begin, order.begin() + end);
   try {
@@ -87,7 +89,12 @@ ExpertWeights slice_expert(const ExpertWeights& e, int64_t begin, int64_t end, b
   }
 }
 
-}  // namespace
+int64_t expert_stored_bytes(const ExpertWeights& e) {
+  int64_t b = 0;
+  for (const QuantizedLinear* l : {&e.gate, &e.up, &e.down})
+    b += int64_t((l->qweight.size() + l->qzeros.size() + l->g_idx.size()) * 4 + l->scales.size() * 2);
+  return b;
+}
 
 QuantizedLinear regroup_rows(const QuantizedLinear& l, int64_t len, const std::string& who) {
   if (l.scheme.group_size == -1 || l.scheme.act_order || len <= 0 || l.scheme.group_size % len != 0)
@@ -105,11 +112,11 @@ ShardWeights shard_weights(const ParallelPlan& plan, const MoeLayerSpec& spec, c
   ShardWeights s;
   for (int e = l.expert_begin; e < l.expert_end; ++e) {
     const ExpertWeights& x = full.experts[size_t(e)];
-    s.experts.push_back(plan.tp == 1 ? x : slice_expert(x, l.inter_begin, l.inter_end, keep_bias, "expert " + std::to_string(e)));
+    s.experts.push_back(plan.tp == 1 ? x : slice_expert_width(x, l.inter_begin, l.inter_end, keep_bias, "expert " + std::to_string(e)));
   }
   if (full.shared)
     s.shared = plan.tp == 1 ? *full.shared
-                            : slice_expert(*full.shared, l.shared_begin, l.shared_end, keep_bias, "shared expert");
+                            : slice_expert_width(*full.shared, l.shared_begin, l.shared_end, keep_bias, "shared expert");
   return s;
 }
 

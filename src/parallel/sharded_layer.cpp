@@ -1,6 +1,6 @@
-// The sharded layer (one rank, its experts on the CPU or CUDA backend), and the driver that runs
-// every rank of a plan on threads over a World (in-process, or NCCL with one GPU per rank). One
-// forward on a rank:
+// The CPU backend's sharded layer (one rank), and the driver that runs every rank of a plan on
+// threads over a World (in-process, or NCCL with one GPU per rank), for the CPU ranks and the CUDA
+// ones (sharded_cuda.cpp). One forward on a CPU rank:
 //
 //   1  route its own tokens (the router is replicated; route_reference, the same ids and weights
 //      as the unsharded layer) or take the caller's routing
@@ -11,9 +11,7 @@
 //      slice (gate * shared(x), computed on its own tokens)
 //   5  the tp ranks' partial outputs summed by one all-reduce (rank order), rounded to the dtype
 //
-// With tp = ep = 1 on the CPU every addition happens in the unsharded layer's order: bit-identical
-// output. On CUDA the expert rows come back rounded to the activation dtype (as the unsharded CUDA
-// layer rounds its per-slot rows) and are added in float from there.
+// With tp = ep = 1 every addition happens in the unsharded layer's order: bit-identical output.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -49,89 +47,38 @@ struct Bytes {
   }
 };
 
-// The spec of a layer over `experts` alone, driven with caller routing (top_k 1 per row): its
-// router is never used.
-MoeLayerSpec experts_spec(const MoeLayerSpec& full, const std::vector<ExpertWeights>& experts, const std::string& name) {
+// A CPU layer over `experts` alone, driven with caller routing (top_k 1 per row): its router is
+// never used.
+std::unique_ptr<cpu::CpuMoeLayer> experts_layer(const MoeLayerSpec& full, std::vector<ExpertWeights> experts,
+                                                const std::string& name) {
   MoeLayerSpec s;
   s.name = name;
   s.hidden = full.hidden;
   s.inter = experts[0].gate.N;
   s.routing.num_experts = int(experts.size());
   s.routing.top_k = 1;
-  return s;
+  MoeLayerWeights w;
+  w.router.assign(size_t(s.routing.num_experts * s.hidden), 0.f);
+  w.experts = std::move(experts);
+  return cpu::make_cpu_layer_isa(s, w, cpu::default_isa());
 }
 
-// One rank's experts on its backend: y[s] = w[s] * expert_{ids[s]}(x[s]) for S rows, in float.
-class RankExperts {
+class ShardedCpuLayer final : public ShardedMoeLayer {
  public:
-  virtual ~RankExperts() = default;
-  virtual void rows(const void* x, const int32_t* ids, const float* w, int64_t S, DType dtype, float* y) = 0;
-};
-
-class CpuRankExperts final : public RankExperts {
- public:
-  CpuRankExperts(const MoeLayerSpec& full, std::vector<ExpertWeights> experts, const std::string& name) {
-    const MoeLayerSpec s = experts_spec(full, experts, name);
-    MoeLayerWeights w;
-    w.router.assign(size_t(s.routing.num_experts * s.hidden), 0.f);
-    w.experts = std::move(experts);
-    layer_ = cpu::make_cpu_layer_isa(s, w, cpu::default_isa());
-  }
-  void rows(const void* x, const int32_t* ids, const float* w, int64_t S, DType dtype, float* y) override {
-    layer_->forward_routed_f32(x, ids, w, 1, y, S, dtype);
-  }
-
- private:
-  std::unique_ptr<cpu::CpuMoeLayer> layer_;
-};
-
-// The CUDA layer on the calling thread's current GPU (the driver sets it per rank). Its rows come
-// back in the activation dtype (bf16 for F32 input, as its forward_host rounds).
-class CudaRankExperts final : public RankExperts {
- public:
-  CudaRankExperts(const MoeLayerSpec& full, std::vector<ExpertWeights> experts, const std::string& name)
-      : H_(full.hidden) {
-    const MoeLayerSpec s = experts_spec(full, experts, name);
-    MoeLayerWeights w;
-    w.router.assign(size_t(s.routing.num_experts * s.hidden), 0.f);
-    w.experts = std::move(experts);
-    layer_ = make_cuda_layer(s, w);
-  }
-  void rows(const void* x, const int32_t* ids, const float* w, int64_t S, DType dtype, float* y) override {
-    if (dtype == DType::F32) return layer_->forward_routed_host(x, ids, w, 1, y, S, dtype);
-    std::vector<uint16_t> o(size_t(S * H_));
-    layer_->forward_routed_host(x, ids, w, 1, o.data(), S, dtype);
-    for (size_t i = 0; i < o.size(); ++i) y[i] = dtype == DType::BF16 ? bf16_to_float(o[i]) : f16_to_float(o[i]);
-  }
-
- private:
-  int64_t H_;
-  std::unique_ptr<MoeBackendLayer> layer_;
-};
-
-std::unique_ptr<RankExperts> rank_experts(Device d, const MoeLayerSpec& full, std::vector<ExpertWeights> experts,
-                                          const std::string& name) {
-  if (d == Device::Cuda) return std::make_unique<CudaRankExperts>(full, std::move(experts), name);
-  return std::make_unique<CpuRankExperts>(full, std::move(experts), name);
-}
-
-class ShardedLayer final : public ShardedMoeLayer {
- public:
-  ShardedLayer(Device device, const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full,
-               Communicator& world)
+  ShardedCpuLayer(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full, Communicator& world)
       : plan_(plan), spec_(spec) {
     plan.validate(world.size());
     layout_ = shard_layout(plan, spec, world.rank());
     tp_ = world.split(layout_.ep_rank, layout_.tp_rank);
     ep_ = world.split(layout_.tp_rank, layout_.ep_rank);
     ShardWeights sw = shard_weights(plan, spec, full, world.rank());
-    for (const auto& e : sw.experts) bytes_ += expert_bytes(e);
-    routed_ = rank_experts(device, spec, std::move(sw.experts), spec.name + " experts");
+    for (const auto& e : sw.experts) bytes_ += expert_stored_bytes(e);
+    routed_ = experts_layer(spec, std::move(sw.experts), spec.name + " experts");
     if (sw.shared) {
-      bytes_ += expert_bytes(*sw.shared);
+      bytes_ += expert_stored_bytes(*sw.shared);
       std::vector<ExpertWeights> one;
       one.push_back(std::move(*sw.shared));
-      shared_ = rank_experts(device, spec, std::move(one), spec.name + " shared expert");
+      shared_ = experts_layer(spec, std::move(one), spec.name + " shared expert");
     }
     router_.router = full.router;
     router_.correction_bias = full.correction_bias;
@@ -159,13 +106,6 @@ class ShardedLayer final : public ShardedMoeLayer {
   }
 
  private:
-  static int64_t expert_bytes(const ExpertWeights& e) {
-    int64_t b = 0;
-    for (const QuantizedLinear* l : {&e.gate, &e.up, &e.down})
-      b += int64_t((l->qweight.size() + l->qzeros.size() + l->g_idx.size()) * 4 + l->scales.size() * 2);
-    return b;
-  }
-
   std::vector<float> to_float(const void* x, int64_t M, DType dtype) const {
     std::vector<float> xf(size_t(M * spec_.hidden));
     for (int64_t i = 0; i < M * spec_.hidden; ++i) xf[size_t(i)] = cpu::load_act(x, dtype, i);
@@ -223,7 +163,7 @@ class ShardedLayer final : public ShardedMoeLayer {
     }
     const int64_t S = int64_t(slot_ids.size());
     std::vector<float> y(size_t(S * H));
-    if (S > 0) routed_->rows(slot_x.data(), slot_ids.data(), slot_w.data(), S, dtype, y.data());
+    if (S > 0) routed_->forward_routed_f32(slot_x.data(), slot_ids.data(), slot_w.data(), 1, y.data(), S, dtype);
 
     // ---- 4: combine ------------------------------------------------------------------------------
     std::vector<std::vector<uint8_t>> reply(static_cast<size_t>(ep));
@@ -271,7 +211,7 @@ class ShardedLayer final : public ShardedMoeLayer {
       }
     const std::vector<int32_t> zero(size_t(M), 0);
     std::vector<float> ys(size_t(M * H));
-    shared_->rows(x, zero.data(), gate.data(), M, dtype, ys.data());
+    shared_->forward_routed_f32(x, zero.data(), gate.data(), 1, ys.data(), M, dtype);
     for (size_t i = 0; i < acc.size(); ++i) acc[i] += ys[i];
   }
 
@@ -279,7 +219,7 @@ class ShardedLayer final : public ShardedMoeLayer {
   MoeLayerSpec spec_;
   ShardLayout layout_;
   std::unique_ptr<Communicator> tp_, ep_;
-  std::unique_ptr<RankExperts> routed_, shared_;
+  std::unique_ptr<cpu::CpuMoeLayer> routed_, shared_;
   MoeLayerWeights router_;  // router and correction bias only (router_logits_reference reads those)
   std::vector<float> shared_gate_;
   int64_t bytes_ = 0;
@@ -326,19 +266,27 @@ class ThreadedShardedLayer final : public MoeBackendLayer {
     world_->run([&](Communicator& c) {
       on_rank_device(c.rank());
       ShardedMoeLayer& l = *ranks_[size_t(c.rank())];
-      const TokenRange r = token_range(plan_, M, l.layout().ep_rank);
+      const TokenRange r = range_of(l.layout().ep_rank, M);
       outs[size_t(c.rank())].assign(size_t(r.size() * row), 0);
       fn(l, static_cast<const uint8_t*>(x) + r.begin * row, outs[size_t(c.rank())].data(), r.size(), r);
     });
     for (int rank = 0; rank < plan_.world(); ++rank) {
-      const TokenRange r = token_range(plan_, M, plan_.ep_rank(rank));
-      const std::vector<uint8_t>& first = outs[size_t(rank - plan_.tp_rank(rank))];
+      const TokenRange r = range_of(plan_.ep_rank(rank), M);
+      // Who must agree: the tp ranks of a group; every rank where each takes the whole batch.
+      const int leader = whole_batch() ? 0 : rank - plan_.tp_rank(rank);
+      const std::vector<uint8_t>& first = outs[size_t(leader)];
       if (outs[size_t(rank)] != first)
-        throw Error("internal: tp rank " + std::to_string(plan_.tp_rank(rank)) + " of expert group " +
-                    std::to_string(plan_.ep_rank(rank)) + " disagrees with tp rank 0");
-      if (plan_.tp_rank(rank) == 0 && r.size() > 0)
+        throw Error("internal: rank " + std::to_string(rank) + " disagrees with rank " + std::to_string(leader));
+      if (rank == leader && r.size() > 0)
         std::memcpy(static_cast<uint8_t*>(out) + r.begin * row, first.data(), first.size());
     }
+  }
+
+  // The CUDA ranks take the whole batch and return all of it (sharded_cuda.cpp); the CPU ranks
+  // their expert group's tokens.
+  bool whole_batch() const { return device_ == Device::Cuda; }
+  TokenRange range_of(int ep_rank, int64_t M) const {
+    return whole_batch() ? TokenRange{0, M} : token_range(plan_, M, ep_rank);
   }
 
   Device device_;
@@ -350,14 +298,14 @@ class ThreadedShardedLayer final : public MoeBackendLayer {
 
 }  // namespace
 
-// sharded_cuda_tp.cpp: the device-resident CUDA rank of an ep = 1 plan.
-std::unique_ptr<ShardedMoeLayer> make_cuda_tp_rank(const ParallelPlan& plan, const MoeLayerSpec& spec,
-                                                   const MoeLayerWeights& full, Communicator& world);
+// sharded_cuda.cpp: the device-resident CUDA rank.
+std::unique_ptr<ShardedMoeLayer> make_cuda_device_rank(const ParallelPlan& plan, const MoeLayerSpec& spec,
+                                                       const MoeLayerWeights& full, Communicator& world);
 
 std::unique_ptr<ShardedMoeLayer> make_sharded_layer(Device device, const ParallelPlan& plan, const MoeLayerSpec& spec,
                                                     const MoeLayerWeights& full, Communicator& world) {
-  if (device == Device::Cuda && plan.ep == 1) return make_cuda_tp_rank(plan, spec, full, world);
-  return std::make_unique<ShardedLayer>(device, plan, spec, full, world);
+  if (device == Device::Cuda) return make_cuda_device_rank(plan, spec, full, world);
+  return std::make_unique<ShardedCpuLayer>(plan, spec, full, world);
 }
 
 std::unique_ptr<MoeBackendLayer> make_threaded_sharded_layer(Device device, const ParallelPlan& plan,

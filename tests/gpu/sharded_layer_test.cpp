@@ -1,7 +1,6 @@
 // The sharded layer on CUDA (rank r on GPU r mod the GPUs present, so every plan runs on one GPU):
-// the device-resident tensor-parallel rank (ep = 1) and the host-staged expert-parallel one,
-// against the float64 reference and the unsharded CUDA layer (tests/parallel/sharded_cases.h; one
-// rank bit for bit); shards whose down rows were cut inside a group (a down
+// the device-resident ranks of tensor- and expert-parallel plans against the float64 reference
+// and the unsharded CUDA layer (tests/parallel/sharded_cases.h; one rank bit for bit); shards whose down rows were cut inside a group (a down
 // group length below gate/up's); and the NCCL communicator with as many ranks as there are GPUs.
 #include <gtest/gtest.h>
 
@@ -31,13 +30,26 @@ using namespace sharded_test;
     if (!(cond)) throw Error(std::string("rank check failed: ") + #cond);      \
   } while (0)
 
+// A world of one rank per GPU over NCCL, or the reason there is none (libnccl.so.2 not found).
+std::unique_ptr<World> nccl_world(std::string* why) {
+  try {
+    return make_nccl_world(cuda_device_count());
+  } catch (const Error& e) {
+    *why = e.what();
+    return nullptr;
+  }
+}
+
 // tp = 4 would cut the variants' I = 128 into 32 columns, below the CUDA layer's 64 (refused below).
 const std::vector<ParallelPlan> kCudaPlans = {{2, 1}, {1, 2}, {2, 2}, {1, 4}, {1, 1}};
 
-// The device-resident rank on device buffers: forward_device of each rank of tp = 2 (one GPU,
-// in-process communicator: the partial staged through the host) against forward_host.
-TEST(ShardedCudaLayer, TensorParallelRankOnDeviceBuffers) {
+// The device-resident ranks on device buffers: forward_device of each rank of tp = 2 and of ep = 2
+// (one GPU, in-process communicator: the partial staged through the host) against forward_host.
+class DeviceBuffers : public testing::TestWithParam<ParallelPlan> {};
+INSTANTIATE_TEST_SUITE_P(ShardedCudaLayer, DeviceBuffers, testing::Values(ParallelPlan{2, 1}, ParallelPlan{1, 2}));
+TEST_P(DeviceBuffers, MatchHostBuffers) {
   SKIP_WITHOUT_GPU();
+  const ParallelPlan plan = GetParam();
   const Variant v = variants()[0];
   const MoeLayerWeights w = random_layer(v.spec, formats()[0], 9);
   const int64_t M = 21, n = M * v.spec.hidden;
@@ -46,7 +58,7 @@ TEST(ShardedCudaLayer, TensorParallelRankOnDeviceBuffers) {
   std::vector<std::vector<uint16_t>> dev(2), host(2);
   world.run([&](Communicator& c) {
     set_cuda_device(c.rank() % cuda_device_count());
-    auto rank = make_sharded_layer(Device::Cuda, {2, 1}, v.spec, w, c);
+    auto rank = make_sharded_layer(Device::Cuda, plan, v.spec, w, c);
     RANK_REQUIRE(rank->runs_on_device());
     void *xd = nullptr, *od = nullptr;
     RANK_REQUIRE(cudaMalloc(&xd, size_t(n) * 2) == cudaSuccess);
@@ -69,13 +81,15 @@ TEST(ShardedCudaLayer, EveryRoutingVariantUnderEveryPlan) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 10;
   for (const ParallelPlan& plan : kCudaPlans)
-    for (const Variant& v : variants()) check(Device::Cuda, v, formats()[0], plan, DType::BF16, false, seed++);
+    for (const Variant& v : variants())
+      if (v.spec.routing.num_experts / plan.ep >= v.spec.routing.top_k)  // else refused (below)
+        check(Device::Cuda, v, formats()[0], plan, DType::BF16, false, seed++);
 }
 
 TEST(ShardedCudaLayer, EveryFormatAndCallerRouting) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 100;
-  for (const ParallelPlan& plan : {ParallelPlan{2, 2}, ParallelPlan{1, 4}})
+  for (const ParallelPlan& plan : {ParallelPlan{2, 2}, ParallelPlan{1, 2}})
     for (const QuantScheme& q : formats()) {
       check(Device::Cuda, variants()[4], q, plan, seed % 2 ? DType::F16 : DType::BF16, false, seed);
       ++seed;
@@ -107,6 +121,15 @@ TEST(ShardedCudaLayer, RefusesWidthsTheKernelsCannotTake) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expert width I=32 is not a multiple of 64"), std::string::npos) << e.what();
   }
+  const Variant v4 = variants()[4];  // top_k 3 of 8 experts
+  const MoeLayerWeights w4 = random_layer(v4.spec, formats()[0], 8);
+  try {
+    make_threaded_sharded_layer(Device::Cuda, {1, 4}, v4.spec, w4);
+    FAIL() << "ep=4 leaves 2 experts per group";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ep=4 leaves 2 experts per group, fewer than top_k=3"), std::string::npos)
+        << e.what();
+  }
 }
 
 // NCCL with one rank per GPU: the collectives against their definition, then the sharded layer.
@@ -114,12 +137,9 @@ TEST(ShardedCudaLayer, RefusesWidthsTheKernelsCannotTake) {
 TEST(NcclWorld, CollectivesAndShardedLayer) {
   SKIP_WITHOUT_GPU();
   const int n = cuda_device_count();
-  std::unique_ptr<World> world;
-  try {
-    world = make_nccl_world(n);
-  } catch (const Error& e) {
-    GTEST_SKIP() << e.what();
-  }
+  std::string why;
+  std::unique_ptr<World> world = nccl_world(&why);
+  if (!world) GTEST_SKIP() << why;
   world->run([&](Communicator& c) {
     EXPECT_EQ(c.size(), n);
     std::vector<float> v(1000);
@@ -161,12 +181,9 @@ TEST(NcclWorld, CollectivesAndShardedLayer) {
 TEST(NcclWorld, AFailingRankDoesNotHangTheOthers) {
   SKIP_WITHOUT_GPU();
   const int n = cuda_device_count();
-  std::unique_ptr<World> world;
-  try {
-    world = make_nccl_world(n);
-  } catch (const Error& e) {
-    GTEST_SKIP() << e.what();
-  }
+  std::string why;
+  std::unique_ptr<World> world = nccl_world(&why);
+  if (!world) GTEST_SKIP() << why;
   try {
     world->run([&](Communicator& c) {
       if (c.rank() == n - 1) throw Error("boom");

@@ -1,10 +1,19 @@
-// The device-resident rank of a tensor-parallel plan on CUDA (ep = 1): every rank holds its slice
-// of every expert's width (and of the shared expert's) in one CUDA layer that also holds the whole
-// router, so it routes its tokens itself on the GPU (the same logits, so the same choices, on every
-// rank: the same kernel on the same inputs). One forward: the layer's partial output in fp32
-// (CudaMoeLayer::forward_f32), one all-reduce over the ranks, one rounding to the activation dtype
-// (cast_f32_to). With NCCL (device buffers) nothing returns to the host and the call can be
-// captured in a CUDA graph; the in-process communicator stages the partial through host memory.
+// The device-resident CUDA rank. Every rank takes the whole batch (replicated, as after a
+// tensor-parallel attention block) and returns the whole output; each holds one CUDA layer:
+//  - ep = 1 (tensor parallel): its slice of every expert's width and of the shared expert's, and
+//    the whole router, so the layer routes the tokens itself;
+//  - ep > 1: its expert group's experts (cut to its tp slice) and a 1 / (tp x ep) slice of the
+//    shared expert's width (so the shared work is spread over every rank, not repeated per group);
+//    the rank routes every token with the layer's router kernel on the whole router
+//    (launch_router_logits, launch_routing), maps the chosen ids to its group's
+//    (launch_local_expert_ids: others to -1, which add nothing) and runs the layer on them.
+// Every rank computes the same logits with the same kernel, so every rank makes the same choices.
+// One forward: the layer's partial output in fp32 (CudaMoeLayer::forward_f32), one all-reduce
+// over all ranks, one rounding to the activation dtype (cast_f32_to). With NCCL (device buffers)
+// nothing returns to the host and the call can be captured in a CUDA graph; the in-process
+// communicator stages the partial through host memory. Expert parallelism here moves the whole
+// batch's partials (M x H fp32 per rank) rather than each token's rows to its groups: the simple
+// exchange, right for ep = 2, where almost every token has choices in both groups.
 #include "wna16/error.h"
 #include "wna16/parallel.h"
 
@@ -19,7 +28,9 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/dev_buf.h"
+#include "cuda/moe_layer_kernels.h"
 #include "wna16/cuda.h"
+#include "wna16/cuda_kernels.h"
 #include "wna16/half.h"
 #include "wna16/reference.h"
 
@@ -27,12 +38,11 @@ namespace wna16 {
 
 namespace {
 
-class CudaTpRank final : public ShardedMoeLayer {
+class CudaDeviceRank final : public ShardedMoeLayer {
  public:
-  CudaTpRank(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full, Communicator& world)
-      : spec_(spec), comm_(world) {
+  CudaDeviceRank(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full, Communicator& world)
+      : spec_(spec), comm_(world), ep_(plan.ep > 1) {
     plan.validate(world.size());
-    if (plan.ep != 1) throw Error("internal: the CUDA tensor-parallel rank takes ep = 1 plans only");
     layout_ = shard_layout(plan, spec, world.rank());
     ShardWeights sw = shard_weights(plan, spec, full, world.rank());
     MoeLayerSpec s = spec;
@@ -44,6 +54,36 @@ class CudaTpRank final : public ShardedMoeLayer {
     w.shared_gate = full.shared_gate;
     w.experts = std::move(sw.experts);
     w.shared = std::move(sw.shared);
+    if (ep_) {
+      // The group's experts under caller routing: a plain softmax spec (its router is never run).
+      const int El = layout_.expert_end - layout_.expert_begin;
+      if (El < spec.routing.top_k)
+        throw Error(fmt::format("ep={} leaves {} experts per group, fewer than top_k={}: the CUDA rank's layer needs "
+                                "at least top_k experts",
+                                plan.ep, El, spec.routing.top_k));
+      s.routing = RoutingConfig{};
+      s.routing.num_experts = El;
+      s.routing.top_k = spec.routing.top_k;
+      w.router.assign(size_t(int64_t(El) * spec.hidden), 0.f);
+      w.correction_bias.clear();
+      if (full.shared) {
+        const int world_n = plan.world();
+        if (spec.shared_inter % world_n != 0)
+          throw Error(fmt::format("the shared expert's width {} is not divisible by the {} ranks of {}", spec.shared_inter,
+                                  world_n, plan.describe()));
+        const int64_t part = spec.shared_inter / world_n;
+        s.shared_inter = part;
+        w.shared = slice_expert_width(*full.shared, part * world.rank(), part * (world.rank() + 1), world.rank() == 0,
+                                      "shared expert");
+      }
+      router_.alloc(full.router.size() * 4);
+      WNA16_CUDA_CHECK(cudaMemcpy(router_.p, full.router.data(), full.router.size() * 4, cudaMemcpyHostToDevice));
+      if (!full.correction_bias.empty()) {
+        bias_.alloc(full.correction_bias.size() * 4);
+        WNA16_CUDA_CHECK(cudaMemcpy(bias_.p, full.correction_bias.data(), full.correction_bias.size() * 4,
+                                    cudaMemcpyHostToDevice));
+      }
+    }
     // One down group length per CUDA layer: a shared slice cut at group starts keeps the
     // checkpoint's groups while the routed slices were cut inside one (tp = 2 of I = 128 at g128):
     // the shared down takes the routed length (the same scales, repeated).
@@ -57,8 +97,8 @@ class CudaTpRank final : public ShardedMoeLayer {
             w.experts[e].down = regroup_rows(w.experts[e].down, len, "expert " + std::to_string(e) + " down");
       }
     }
-    for (const auto& e : w.experts) bytes_ += expert_bytes(e);
-    if (w.shared) bytes_ += expert_bytes(*w.shared);
+    for (const auto& e : w.experts) bytes_ += expert_stored_bytes(e);
+    if (w.shared) bytes_ += expert_stored_bytes(*w.shared);
     layer_ = std::make_unique<cuda::CudaMoeLayer>(s, w);
   }
 
@@ -80,13 +120,6 @@ class CudaTpRank final : public ShardedMoeLayer {
   }
 
  private:
-  static int64_t expert_bytes(const ExpertWeights& e) {
-    int64_t b = 0;
-    for (const QuantizedLinear* l : {&e.gate, &e.up, &e.down})
-      b += int64_t((l->qweight.size() + l->qzeros.size() + l->g_idx.size()) * 4 + l->scales.size() * 2);
-    return b;
-  }
-
   // ids / wts: device [M, top_k] (null: the layer routes).
   void run_device(const void* x, const int32_t* ids, const float* wts, int top_k, void* out, int64_t M, DType act,
                   cudaStream_t st) {
@@ -94,6 +127,23 @@ class CudaTpRank final : public ShardedMoeLayer {
     if (M == 0) return;
     const int64_t n = M * spec_.hidden;
     ensure(M);
+    if (ep_) {
+      const int k = spec_.routing.top_k, E = spec_.routing.num_experts;
+      auto* lids = static_cast<int32_t*>(lids_.p);
+      if (!ids) {  // the rank routes every token (the same choices on every rank)
+        auto* logits = static_cast<float*>(logits_.p);
+        cuda::launch_router_logits(x, act, M, spec_.hidden, router_.p, DType::F32, E, E, logits, nullptr, nullptr, 0, st);
+        cuda::launch_routing(spec_.routing, logits, DType::F32, M, static_cast<const float*>(bias_.p),
+                             static_cast<int32_t*>(gids_.p), static_cast<float*>(gwts_.p), st);
+        ids = static_cast<const int32_t*>(gids_.p);
+        wts = static_cast<const float*>(gwts_.p);
+        top_k = k;
+      }
+      if (top_k != k)
+        throw Error(fmt::format("sharded cuda forward: top_k={} differs from the layer's top_k={}", top_k, k));
+      cuda::launch_local_expert_ids(ids, M * k, layout_.expert_begin, layout_.expert_end, lids, st);
+      ids = lids;
+    }
     layer_->forward_f32(x, ids, wts, top_k, static_cast<float*>(part_.p), M, act, ws_.p, ws_.bytes, st);
     if (comm_.size() > 1) {
       if (comm_.device_buffers()) {
@@ -149,23 +199,31 @@ class CudaTpRank final : public ShardedMoeLayer {
     out_.alloc(size_t(cap_ * spec_.hidden * 2));
     part_.alloc(size_t(cap_ * spec_.hidden * 4));
     ws_.alloc(layer_->workspace_bytes(cap_));
+    if (ep_) {
+      const size_t slots = size_t(cap_) * size_t(spec_.routing.top_k);
+      logits_.alloc(size_t(cap_) * size_t(spec_.routing.num_experts) * 4);
+      gids_.alloc(slots * 4);
+      gwts_.alloc(slots * 4);
+      lids_.alloc(slots * 4);
+    }
   }
 
   MoeLayerSpec spec_;
   Communicator& comm_;
+  bool ep_;  // an expert group's rank: routes outside its layer
   ShardLayout layout_;
   std::unique_ptr<cuda::CudaMoeLayer> layer_;
   int64_t bytes_ = 0, cap_ = 0;
-  cuda::DevBuf x_, out_, part_, ws_, ids_, wts_;
+  cuda::DevBuf x_, out_, part_, ws_, ids_, wts_, router_, bias_, logits_, gids_, gwts_, lids_;
   std::vector<float> host_;
   CommStats stats_;
 };
 
 }  // namespace
 
-std::unique_ptr<ShardedMoeLayer> make_cuda_tp_rank(const ParallelPlan& plan, const MoeLayerSpec& spec,
-                                                   const MoeLayerWeights& full, Communicator& world) {
-  return std::make_unique<CudaTpRank>(plan, spec, full, world);
+std::unique_ptr<ShardedMoeLayer> make_cuda_device_rank(const ParallelPlan& plan, const MoeLayerSpec& spec,
+                                                       const MoeLayerWeights& full, Communicator& world) {
+  return std::make_unique<CudaDeviceRank>(plan, spec, full, world);
 }
 
 }  // namespace wna16
@@ -173,8 +231,8 @@ std::unique_ptr<ShardedMoeLayer> make_cuda_tp_rank(const ParallelPlan& plan, con
 #else
 
 namespace wna16 {
-std::unique_ptr<ShardedMoeLayer> make_cuda_tp_rank(const ParallelPlan&, const MoeLayerSpec&, const MoeLayerWeights&,
-                                                   Communicator&) {
+std::unique_ptr<ShardedMoeLayer> make_cuda_device_rank(const ParallelPlan&, const MoeLayerSpec&, const MoeLayerWeights&,
+                                                       Communicator&) {
   throw Error("this build of wna16 has no CUDA backend; use --device cpu");
 }
 }  // namespace wna16

@@ -10,7 +10,8 @@
 // Every rank computes the same logits with the same kernel, so every rank makes the same choices.
 // One forward: the layer's partial output in fp32 (CudaMoeLayer::forward_f32), one all-reduce
 // over all ranks, one rounding to the activation dtype (cast_f32_to). With NCCL (device buffers)
-// nothing returns to the host and the call can be captured in a CUDA graph; the in-process
+// nothing returns to the host and nothing synchronises it (graph capture is not tested yet; the
+// buffers grow on the first call of a larger M, so a capture needs a warm-up at its M); the in-process
 // communicator stages the partial through host memory. Expert parallelism here moves the whole
 // batch's partials (M x H fp32 per rank) rather than each token's rows to its groups: the simple
 // exchange, right for ep = 2, where almost every token has choices in both groups.

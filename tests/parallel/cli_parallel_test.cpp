@@ -57,6 +57,24 @@ TEST(CliParallel, BadPlansAreRefusedNamingTheValues) {
   }
 }
 
+TEST(CliParallel, CommunicatorChoiceIsCheckedAndNamed) {
+  const CliRun ok = run_cli("verify --device cpu --tp 2 --comm inprocess");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_TRUE(has(ok.out, "over the inprocess communicator")) << ok.out;
+  const struct {
+    const char* args;
+    const char* message;
+  } cases[] = {
+      {"--tp 2 --comm bogus", "unknown communicator 'bogus' (expected inprocess or nccl)"},
+      {"--tp 2 --comm nccl", "--comm nccl moves device memory between GPUs: it needs --device cuda"},
+  };
+  for (const auto& c : cases) {
+    const CliRun r = run_cli(std::string("verify --device cpu ") + c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out;
+    EXPECT_TRUE(has(r.out, c.message)) << c.args << "\n" << r.out;
+  }
+}
+
 TEST(CliParallel, HelpSaysHowRanksRun) {
   for (const char* cmd : {"verify --help", "run --help"}) {
     const CliRun r = run_cli(cmd);

@@ -252,6 +252,7 @@ int run_run(const RunFlags& f) {
     throw Error(f.input + ": hidden_states has shape [" + std::to_string(in.rows()) + ", " + std::to_string(in.cols()) +
                 "] but the model's hidden_size is " + std::to_string(c.hidden));
   const Device dev = f.device.empty() ? default_device() : parse_device(f.device);
+  f.plan.check_device(dev);
   std::vector<std::string> notes;
   const MoeLayerWeights w = ck.load_layer(f.layer, &notes);
   for (const auto& n : notes) std::printf("note: %s\n", n.c_str());

@@ -151,6 +151,7 @@ void run_verify(const CommonOptions& o, const PlanFlags& pf) {
   const QuantScheme scheme = o.scheme();
   const DType act = o.act_dtype();
   const Device dev = o.resolved_device();
+  pf.check_device(dev);
   const std::vector<int64_t> ms = o.token_counts({1, 7, 33});
   const int64_t H = spec.hidden;
 
@@ -159,7 +160,8 @@ void run_verify(const CommonOptions& o, const PlanFlags& pf) {
               device_name(dev), static_cast<unsigned long long>(o.seed));
   if (dev == Device::Cuda) std::printf("  kernel path %s\n", cuda_path_name());
   if (plan.world() > 1)
-    std::printf("  sharded %s, simulated in this process: one thread per rank\n", plan.describe().c_str());
+    std::printf("  sharded %s in this process: one thread per rank, over the %s communicator\n", plan.describe().c_str(),
+                pf.comm.c_str());
 
   Stage stage;
   const MoeLayerWeights w = random_layer(spec, scheme, o.seed);

@@ -45,7 +45,8 @@ struct PlanFlags {
   int tp = 1, ep = 1;
   std::string comm = "inprocess";
   void add_to(CLI::App& app);
-  ParallelPlan plan() const;  // validated; throws Error naming the values
+  ParallelPlan plan() const;  // validated (and --comm); throws Error naming the values
+  void check_device(Device d) const;  // --comm nccl needs cuda
   // make_layer, or the threaded sharded layer (over --comm) when the plan has more than one rank.
   std::unique_ptr<MoeBackendLayer> make(Device d, const MoeLayerSpec& spec, const MoeLayerWeights& w) const;
 };

@@ -63,7 +63,13 @@ void PlanFlags::add_to(CLI::App& app) {
 ParallelPlan PlanFlags::plan() const {
   const ParallelPlan p{tp, ep};
   p.validate();
+  (void)parse_comm_kind(comm);  // an unknown --comm fails before any work
   return p;
+}
+
+void PlanFlags::check_device(Device d) const {
+  if (parse_comm_kind(comm) == CommKind::Nccl && d != Device::Cuda)
+    throw Error("--comm nccl moves device memory between GPUs: it needs --device cuda");
 }
 
 std::unique_ptr<MoeBackendLayer> PlanFlags::make(Device d, const MoeLayerSpec& spec, const MoeLayerWeights& w) const {

@@ -196,6 +196,11 @@ struct Act<__half> {
   }
   // The checkpoint's f16 scale is the f16 operand as is.
   __device__ static __forceinline__ uint32_t scale2(uint32_t s16) { return s16 * 0x10001u; }
+  // Both f16 scales of a word, each broadcast to a pair.
+  __device__ static __forceinline__ void scales2(uint32_t sw, uint32_t& lo, uint32_t& hi) {
+    lo = __byte_perm(sw, 0u, 0x1010);
+    hi = __byte_perm(sw, 0u, 0x3232);
+  }
   __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -237,6 +242,14 @@ struct Act<__nv_bfloat16> {
     const uint32_t b = __bfloat16_as_ushort(__float2bfloat16_rn(f));
     return b * 0x10001u;
   }
+  // Both f16 scales of a word rounded to bf16 (one conversion of the pair), each broadcast to a pair.
+  __device__ static __forceinline__ void scales2(uint32_t sw, uint32_t& lo, uint32_t& hi) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sw));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    const uint32_t u = *reinterpret_cast<const uint32_t*>(&b);
+    lo = __byte_perm(u, 0u, 0x1010);
+    hi = __byte_perm(u, 0u, 0x3232);
+  }
   __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -265,8 +278,7 @@ struct TileMeta {
       fz_lo = 8388608.0f + static_cast<float>(zl);
       fz_hi = 8388608.0f + static_cast<float>(zh);
     } else {
-      s_lo = Act<T>::scale2(sw & 0xffffu);
-      s_hi = Act<T>::scale2(sw >> 16);
+      Act<T>::scales2(sw, s_lo, s_hi);
       z_lo = (Act<T>::kMagic | zl) * 0x10001u;
       z_hi = (Act<T>::kMagic | zh) * 0x10001u;
     }
@@ -276,9 +288,10 @@ struct TileMeta {
   // the int8 + bf16 fp32 path).
   static constexpr bool kZeroPair = !(BITS == 8 && std::is_same_v<T, __nv_bfloat16>);
   static __device__ __forceinline__ uint32_t zero_pair(uint32_t zw) { return (Act<T>::kMagic | (zw & 0xffffu)) * 0x10001u; }
+  // The pair of the launcher's default zero 2^(bits-1) (KParams::default_zero), a constant.
+  static constexpr uint32_t kDefaultZeroPair = (Act<T>::kMagic | (1u << (BITS - 1))) * 0x10001u;
   __device__ __forceinline__ void load_scales(uint32_t sw, uint32_t zpair) {
-    s_lo = Act<T>::scale2(sw & 0xffffu);
-    s_hi = Act<T>::scale2(sw >> 16);
+    Act<T>::scales2(sw, s_lo, s_hi);
     z_lo = z_hi = zpair;
   }
 };

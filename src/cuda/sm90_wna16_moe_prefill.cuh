@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MIN_BLOCKS)
   // shared window base in every chunk, ~15 instructions).
   const uint32_t w_addr = FREE ? pinned(smem_base + w_off) : 0u, m_addr = FREE ? pinned(smem_base + m_off) : 0u;
   const uint32_t desc_lo0 = sw128_desc_lo(smem_base);
-  const uint32_t zpair = TileMeta<T, BITS>::zero_pair(p.default_zero);  // FREE: without a zeros table
+  constexpr uint32_t zpair = TileMeta<T, BITS>::kDefaultZeroPair;  // FREE: without a zeros table
 
   for (int64_t item = blockIdx.x; item < total; item += gridDim.x) {
     const WorkItem it = decode_item(p, item, nb_count);

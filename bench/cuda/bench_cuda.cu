@@ -71,12 +71,6 @@ uint64_t name_seed(const std::string& s) {
   return h;
 }
 
-std::vector<float> to_float(const uint16_t* p, size_t n, DType t) {
-  std::vector<float> f(n);
-  for (size_t i = 0; i < n; ++i) f[i] = t == DType::BF16 ? bf16_to_float(p[i]) : f16_to_float(p[i]);
-  return f;
-}
-
 struct Ctx {
   explicit Ctx(const BenchOptions& o) : opts(o), act(o.act) {}
   const BenchOptions& opts;

@@ -180,4 +180,10 @@ MoeLayerWeights random_bench_layer(const MoeLayerSpec& spec, const QuantScheme& 
   return w;
 }
 
+std::vector<float> to_float(const uint16_t* p, size_t n, DType t) {
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) f[i] = t == DType::BF16 ? bf16_to_float(p[i]) : f16_to_float(p[i]);
+  return f;
+}
+
 }  // namespace wna16::cuda::bench

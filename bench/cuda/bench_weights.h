@@ -22,6 +22,9 @@ MoeLayerWeights random_bench_layer(const MoeLayerSpec& spec, const QuantScheme& 
 // stream per row, generated on all cores.
 std::vector<uint16_t> random_activations(int64_t rows, int64_t H, DType t, uint64_t seed);
 
+// Raw 16-bit activations (F16 or BF16 patterns) as floats: the host side of the bench's checks.
+std::vector<float> to_float(const uint16_t* p, size_t n, DType t);
+
 // Bytes of one linear as stored (qweight + f16 scales + zero points when the scheme has them).
 // g_idx is not counted: act-order is resolved at load, never read per call.
 int64_t linear_stored_bytes(int64_t K, int64_t N, const QuantScheme& scheme);

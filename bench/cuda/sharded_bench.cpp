@@ -22,12 +22,14 @@
 #include "wna16/cuda.h"
 #include "wna16/error.h"
 #include "wna16/parallel.h"
+#include "wna16/reference.h"
 
 namespace wna16 {
 
 namespace {
 
 using cuda::bench::DevBuf;
+using cuda::bench::to_float;
 using Clock = std::chrono::steady_clock;
 
 // Two warm-up calls of `call` (device work on stream s), then one timed on the host: the number of
@@ -44,12 +46,6 @@ int calls_for_budget(cudaStream_t s, double budget_s, const std::function<void()
   sync_all();
   const double one = std::chrono::duration<double>(Clock::now() - t0).count();
   return int(std::clamp(budget_s / std::max(one, 1e-6), 5.0, 2000.0));
-}
-
-std::vector<float> to_floats(const std::vector<uint16_t>& v, DType t) {
-  std::vector<float> f(v.size());
-  for (size_t i = 0; i < v.size(); ++i) f[i] = t == DType::BF16 ? bf16_to_float(v[i]) : f16_to_float(v[i]);
-  return f;
 }
 
 }  // namespace
@@ -138,13 +134,10 @@ int run_cuda_sharded_bench(const BenchOptions& opts, const ParallelPlan& plan, C
     for (size_t i = 0; i < ms.size(); ++i) {
       double us = 0;
       for (const auto& r : rank_us) us = std::max(us, r[i]);
-      const std::vector<float> a = to_floats(rank0_out[i], opts.act), b = to_floats(one_out[i], opts.act);
-      double num = 0, den = 0;
-      for (size_t j = 0; j < a.size(); ++j) {
-        num += double(a[j] - b[j]) * double(a[j] - b[j]);
-        den += double(b[j]) * double(b[j]);
-      }
-      const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+      const std::vector<float> a = to_float(rank0_out[i].data(), rank0_out[i].size(), opts.act);
+      const std::vector<float> bf = to_float(one_out[i].data(), one_out[i].size(), opts.act);
+      const std::vector<double> b(bf.begin(), bf.end());
+      const double rel = rel_error(a.data(), b.data(), int64_t(a.size()));
       // One GPU and the ranks differ by the order of float additions and one rounding: well
       // inside the layer tolerance (a wrong slice or a lost all-reduce is far outside it).
       const bool ok = std::isfinite(rel) && rel <= layer_tolerance(opts.act) / 2;

@@ -84,12 +84,14 @@ int64_t slice_group_len(const QuantizedLinear& down, int64_t begin, int64_t end)
 // (gate/up: those columns, down: those rows in groups of slice_group_len, each with the scale and
 // zero of the original group it lies in). The router,
 // correction bias and shared gate are not sharded (every rank routes its own tokens) and stay in
-// `full`. With tp == 1 experts are copied as they are. Calls check_plan.
+// `full`. With tp == 1 experts are copied as they are. Calls check_plan. with_shared false: the
+// shared expert is left out (a rank that cuts it its own way).
 struct ShardWeights {
   std::vector<ExpertWeights> experts;   // expert_end - expert_begin
   std::optional<ExpertWeights> shared;  // the rank's slice, if the layer has one
 };
-ShardWeights shard_weights(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full, int rank);
+ShardWeights shard_weights(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full, int rank,
+                           bool with_shared = true);
 
 // An expert cut to positions [begin, end) of its width in inter_order, as shard_weights cuts a
 // rank's slice (keep_bias: the down bias stays, for one rank of those whose partials are summed);

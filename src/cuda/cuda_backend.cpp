@@ -12,6 +12,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/dev_buf.h"
 #include "cuda/dispatch.h"
+#include "cuda/host_staging.h"
 #include "wna16/backend.h"
 #include "wna16/cuda.h"
 #include "wna16/error.h"
@@ -23,12 +24,13 @@ namespace {
 
 class CudaBackendLayer final : public MoeBackendLayer {
  public:
-  CudaBackendLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w) : spec_(spec), layer_(spec, w), H_(spec.hidden) {}
+  CudaBackendLayer(const MoeLayerSpec& spec, const MoeLayerWeights& w) : spec_(spec), layer_(spec, w), io_(spec.hidden) {}
   Device device() const override { return Device::Cuda; }
   void set_batch_invariant(bool on) override { layer_.set_batch_invariant(on); }
 
   void forward_host(const void* x, void* out, int64_t M, DType dtype) override {
-    run_host(x, out, M, dtype, [&](const void* xd, void* od, DType act) {
+    io_.run(x, out, M, dtype, [&](const void* xd, void* od, DType act) {
+      ensure(M);
       layer_.forward(xd, od, M, act, ws_.p, ws_.bytes, nullptr);
     });
   }
@@ -39,59 +41,24 @@ class CudaBackendLayer final : public MoeBackendLayer {
                            int64_t M, DType dtype) override {
     check_routing(spec_.routing, topk_ids, topk_weights, M, top_k, "cuda forward_routed_host");
     if (M == 0) return;
-    const size_t slots = size_t(M) * size_t(top_k);
-    ids_.alloc(slots * 4);
-    wts_.alloc(slots * 4);
-    WNA16_CUDA_CHECK(cudaMemcpy(ids_.p, topk_ids, slots * 4, cudaMemcpyHostToDevice));
-    WNA16_CUDA_CHECK(cudaMemcpy(wts_.p, topk_weights, slots * 4, cudaMemcpyHostToDevice));
-    run_host(x, out, M, dtype, [&](const void* xd, void* od, DType act) {
-      layer_.forward_routed(xd, static_cast<const int32_t*>(ids_.p), static_cast<const float*>(wts_.p), top_k, od, M,
-                            act, ws_.p, ws_.bytes, nullptr);
+    io_.stage_routing(topk_ids, topk_weights, size_t(M) * size_t(top_k));
+    io_.run(x, out, M, dtype, [&](const void* xd, void* od, DType act) {
+      ensure(M);
+      layer_.forward_routed(xd, io_.ids(), io_.wts(), top_k, od, M, act, ws_.p, ws_.bytes, nullptr);
     });
   }
 
  private:
-  // x (host, dtype) -> device, launch(x_dev, out_dev, act), device -> out (host, dtype).
-  template <class Launch>
-  void run_host(const void* x, void* out, int64_t M, DType dtype, Launch&& launch) {
-    if (M < 0) throw Error(fmt::format("M={} is negative", M));
-    const DType act = dtype == DType::F32 ? DType::BF16 : dtype;  // f32 in: rounded to bf16, as the CPU backend
-    const size_t n = size_t(M * H_);
-    std::vector<uint16_t> xin;
-    const void* xsrc = x;
-    if (dtype == DType::F32) {
-      xin.resize(n);
-      const float* xf = static_cast<const float*>(x);
-      for (size_t i = 0; i < n; ++i) xin[i] = float_to_bf16(xf[i]);
-      xsrc = xin.data();
-    }
-    ensure(M);
-    if (n) WNA16_CUDA_CHECK(cudaMemcpy(x_.p, xsrc, n * 2, cudaMemcpyHostToDevice));
-    launch(x_.p, out_.p, act);
-    WNA16_CUDA_CHECK(cudaGetLastError());
-    WNA16_CUDA_CHECK(cudaDeviceSynchronize());
-    if (dtype == DType::F32) {
-      std::vector<uint16_t> o(n);
-      if (n) WNA16_CUDA_CHECK(cudaMemcpy(o.data(), out_.p, n * 2, cudaMemcpyDeviceToHost));
-      float* of = static_cast<float*>(out);
-      for (size_t i = 0; i < n; ++i) of[i] = bf16_to_float(o[i]);
-    } else if (n) {
-      WNA16_CUDA_CHECK(cudaMemcpy(out, out_.p, n * 2, cudaMemcpyDeviceToHost));
-    }
-  }
-
   void ensure(int64_t M) {
     if (M <= cap_) return;
     cap_ = std::max<int64_t>(M, 2 * cap_);
-    x_.alloc(size_t(cap_ * H_ * 2));
-    out_.alloc(size_t(cap_ * H_ * 2));
     ws_.alloc(layer_.workspace_bytes(cap_));
   }
   MoeLayerSpec spec_;
   CudaMoeLayer layer_;
-  int64_t H_;
+  HostStaging io_;
   int64_t cap_ = 0;
-  DevBuf x_, out_, ws_, ids_, wts_;
+  DevBuf ws_;
 };
 
 }  // namespace

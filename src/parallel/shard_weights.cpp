@@ -105,7 +105,8 @@ QuantizedLinear regroup_rows(const QuantizedLinear& l, int64_t len, const std::s
   return take_rows(l, rows, len, true, who);
 }
 
-ShardWeights shard_weights(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full, int rank) {
+ShardWeights shard_weights(const ParallelPlan& plan, const MoeLayerSpec& spec, const MoeLayerWeights& full, int rank,
+                           bool with_shared) {
   check_plan(plan, spec, full);
   const ShardLayout l = shard_layout(plan, spec, rank);
   const bool keep_bias = l.tp_rank == 0;
@@ -114,7 +115,7 @@ ShardWeights shard_weights(const ParallelPlan& plan, const MoeLayerSpec& spec, c
     const ExpertWeights& x = full.experts[size_t(e)];
     s.experts.push_back(plan.tp == 1 ? x : slice_expert_width(x, l.inter_begin, l.inter_end, keep_bias, "expert " + std::to_string(e)));
   }
-  if (full.shared)
+  if (full.shared && with_shared)
     s.shared = plan.tp == 1 ? *full.shared
                             : slice_expert_width(*full.shared, l.shared_begin, l.shared_end, keep_bias, "shared expert");
   return s;

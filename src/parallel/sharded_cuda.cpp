@@ -29,6 +29,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/dev_buf.h"
+#include "cuda/host_staging.h"
 #include "cuda/moe_layer_kernels.h"
 #include "wna16/cuda.h"
 #include "wna16/cuda_kernels.h"
@@ -45,7 +46,7 @@ class CudaDeviceRank final : public ShardedMoeLayer {
       : spec_(spec), comm_(world), ep_(plan.ep > 1) {
     plan.validate(world.size());
     layout_ = shard_layout(plan, spec, world.rank());
-    ShardWeights sw = shard_weights(plan, spec, full, world.rank());
+    ShardWeights sw = shard_weights(plan, spec, full, world.rank(), !ep_);  // ep: the shared slice below
     MoeLayerSpec s = spec;
     s.inter = layout_.inter_end - layout_.inter_begin;
     s.shared_inter = layout_.shared_end - layout_.shared_begin;
@@ -161,43 +162,17 @@ class CudaDeviceRank final : public ShardedMoeLayer {
     cuda::cast_f32_to(static_cast<const float*>(part_.p), out, n, act, st);
   }
 
-  // Host in and out (the CLI and tests), as CudaBackendLayer: f32 input is rounded to bf16.
+  // Host in and out (the CLI and tests), as the CUDA backend adapter.
   void run_host(const void* x, const int32_t* ids, const float* wts, int top_k, void* out, int64_t M, DType dtype) {
-    if (M < 0) throw Error(fmt::format("M={} is negative", M));
-    const DType act = dtype == DType::F32 ? DType::BF16 : dtype;
-    const size_t n = size_t(M * spec_.hidden);
-    std::vector<uint16_t> xin;
-    const void* xsrc = x;
-    if (dtype == DType::F32) {
-      xin.resize(n);
-      for (size_t i = 0; i < n; ++i) xin[i] = float_to_bf16(static_cast<const float*>(x)[i]);
-      xsrc = xin.data();
-    }
-    ensure(M);
-    if (ids) {
-      const size_t slots = size_t(M) * size_t(top_k);
-      ids_.alloc(slots * 4);
-      wts_.alloc(slots * 4);
-      WNA16_CUDA_CHECK(cudaMemcpy(ids_.p, ids, slots * 4, cudaMemcpyHostToDevice));
-      WNA16_CUDA_CHECK(cudaMemcpy(wts_.p, wts, slots * 4, cudaMemcpyHostToDevice));
-    }
-    if (n) WNA16_CUDA_CHECK(cudaMemcpy(x_.p, xsrc, n * 2, cudaMemcpyHostToDevice));
-    run_device(x_.p, ids ? static_cast<const int32_t*>(ids_.p) : nullptr, static_cast<const float*>(wts_.p), top_k,
-               out_.p, M, act, nullptr);
-    WNA16_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> o(n);
-    if (n) WNA16_CUDA_CHECK(cudaMemcpy(o.data(), out_.p, n * 2, cudaMemcpyDeviceToHost));
-    if (dtype == DType::F32)
-      for (size_t i = 0; i < n; ++i) static_cast<float*>(out)[i] = bf16_to_float(o[i]);
-    else if (n)
-      std::copy(o.begin(), o.end(), static_cast<uint16_t*>(out));
+    if (ids && M > 0) io_.stage_routing(ids, wts, size_t(M) * size_t(top_k));
+    io_.run(x, out, M, dtype, [&](const void* xd, void* od, DType act) {
+      run_device(xd, ids ? io_.ids() : nullptr, ids ? io_.wts() : nullptr, top_k, od, M, act, nullptr);
+    });
   }
 
   void ensure(int64_t M) {
     if (M <= cap_) return;
     cap_ = std::max<int64_t>(M, 2 * cap_);
-    x_.alloc(size_t(cap_ * spec_.hidden * 2));
-    out_.alloc(size_t(cap_ * spec_.hidden * 2));
     part_.alloc(size_t(cap_ * spec_.hidden * 4));
     ws_.alloc(layer_->workspace_bytes(cap_));
     if (ep_) {
@@ -215,7 +190,8 @@ class CudaDeviceRank final : public ShardedMoeLayer {
   ShardLayout layout_;
   std::unique_ptr<cuda::CudaMoeLayer> layer_;
   int64_t bytes_ = 0, cap_ = 0;
-  cuda::DevBuf x_, out_, part_, ws_, ids_, wts_, router_, bias_, logits_, gids_, gwts_, lids_;
+  cuda::HostStaging io_{spec_.hidden};
+  cuda::DevBuf part_, ws_, router_, bias_, logits_, gids_, gwts_, lids_;
   std::vector<float> host_;
   CommStats stats_;
 };

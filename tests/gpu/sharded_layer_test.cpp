@@ -132,15 +132,25 @@ TEST(ShardedCudaLayer, RefusesWidthsTheKernelsCannotTake) {
   }
 }
 
-// NCCL with one rank per GPU: the collectives against their definition, then the sharded layer.
-// Skipped (with the reason) where libnccl.so.2 cannot be loaded.
-TEST(NcclWorld, CollectivesAndShardedLayer) {
-  SKIP_WITHOUT_GPU();
-  const int n = cuda_device_count();
-  std::string why;
-  std::unique_ptr<World> world = nccl_world(&why);
-  if (!world) GTEST_SKIP() << why;
-  world->run([&](Communicator& c) {
+// A world of one rank per GPU over NCCL; the tests skip (with the reason) without a GPU or where
+// libnccl.so.2 cannot be loaded.
+class NcclWorld : public testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    n_ = cuda_device_count();
+    std::string why;
+    world_ = nccl_world(&why);
+    if (!world_) GTEST_SKIP() << why;
+  }
+  int n_ = 0;
+  std::unique_ptr<World> world_;
+};
+
+// The collectives against their definition, then the sharded layer.
+TEST_F(NcclWorld, CollectivesAndShardedLayer) {
+  const int n = n_;
+  world_->run([&](Communicator& c) {
     EXPECT_EQ(c.size(), n);
     std::vector<float> v(1000);
     for (size_t i = 0; i < v.size(); ++i) v[i] = float(c.rank() + 1) * float(i);
@@ -178,14 +188,10 @@ TEST(NcclWorld, CollectivesAndShardedLayer) {
 }
 
 // A rank that throws ends every other rank's wait in an Error, not a hang.
-TEST(NcclWorld, AFailingRankDoesNotHangTheOthers) {
-  SKIP_WITHOUT_GPU();
-  const int n = cuda_device_count();
-  std::string why;
-  std::unique_ptr<World> world = nccl_world(&why);
-  if (!world) GTEST_SKIP() << why;
+TEST_F(NcclWorld, AFailingRankDoesNotHangTheOthers) {
+  const int n = n_;
   try {
-    world->run([&](Communicator& c) {
+    world_->run([&](Communicator& c) {
       if (c.rank() == n - 1) throw Error("boom");
       std::vector<float> v(16, 1.f);
       c.all_reduce_sum(v.data(), 16);

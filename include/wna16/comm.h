@@ -98,5 +98,7 @@ class InProcessWorld final : public World {
 // first call (Error when it is not found, or when this build has no CUDA backend). A failing rank
 // aborts every communicator of the world, so the others' waits end in an Error, not a hang.
 std::unique_ptr<World> make_nccl_world(int size);
+// A world of `size` ranks over the communicator `kind` names (InProcessWorld or make_nccl_world).
+std::unique_ptr<World> make_world(CommKind kind, int size);
 
 }  // namespace wna16

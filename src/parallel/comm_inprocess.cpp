@@ -231,6 +231,11 @@ CommKind parse_comm_kind(const std::string& s) {
 
 const char* comm_kind_name(CommKind k) { return k == CommKind::Nccl ? "nccl" : "inprocess"; }
 
+std::unique_ptr<World> make_world(CommKind kind, int size) {
+  if (kind == CommKind::Nccl) return make_nccl_world(size);
+  return std::make_unique<InProcessWorld>(size);
+}
+
 std::vector<int64_t> exchange_counts(Communicator& comm, const std::vector<int64_t>& send_counts) {
   const int n = comm.size();
   if (int(send_counts.size()) != n)

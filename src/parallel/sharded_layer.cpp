@@ -316,10 +316,7 @@ std::unique_ptr<MoeBackendLayer> make_threaded_sharded_layer(Device device, cons
     throw Error("the sharded layer on --device cuda: no CUDA GPU is present (or this build has no CUDA backend)");
   if (comm == CommKind::Nccl && device != Device::Cuda)
     throw Error("--comm nccl moves device memory between GPUs: it needs --device cuda");
-  std::unique_ptr<World> world;
-  if (comm == CommKind::Nccl) world = make_nccl_world(plan.world());
-  else world = std::make_unique<InProcessWorld>(plan.world());
-  return std::make_unique<ThreadedShardedLayer>(device, plan, spec, full, std::move(world));
+  return std::make_unique<ThreadedShardedLayer>(device, plan, spec, full, make_world(comm, plan.world()));
 }
 
 }  // namespace wna16
